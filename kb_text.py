@@ -1,0 +1,433 @@
+"""Pure text functions shared by ingest and search: frontmatter, heading-aware chunking, BM25 tokenizing.
+
+Takes strings, returns records; touches no note files. Imports kb_config only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# Bump when tokenizing changes in a way that invalidates stored BM25 postings.
+TOKENIZER_VERSION = 3
+# Bump when chunk boundaries or chunk text change for the same input.
+CHUNKER_VERSION = 2
+# Separator between heading levels in a chunk's heading path.
+HEADING_SEP = " > "
+# A vault term (title, alias, tag) joins the jieba dictionary only within these lengths.
+USER_TERM_MIN_CHARS, USER_TERM_MAX_CHARS = 2, 12
+# jieba frequency given to vault terms: fixed (not suggested) so every process segments alike, and high
+# enough that a term beats the split into its common parts.
+USER_TERM_FREQ = 2000
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_RE = re.compile(f"[{_CJK}]")
+_CJK_RUN_RE = re.compile(f"[{_CJK}]+")
+_MIXED_PART_RE = re.compile(f"[{_CJK}]+|[a-z0-9]+")
+# Runs of letters, digits and CJK: the unit handed to jieba (so "云仓wms" can match a user term).
+_RUN_RE = re.compile(f"[{_CJK}a-z0-9]+(?:\\+\\+|#)?")
+_LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:\+\+|#)?")
+# Identifiers such as backup-nightly.timer, settings.local.json, err_conn_reset: indexed whole as well.
+_COMPOUND_RE = re.compile(r"[a-z0-9]+(?:[._\-/:][a-z0-9]+)+")
+_SYMBOL_RE = re.compile(f"[^\\s{_CJK}A-Za-z0-9_]")
+_WORD_RE = re.compile(r"[A-Za-z0-9_]+")
+_HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+_FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
+_INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
+_FENCED_BLOCK_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,}).*?^[ \t]{0,3}\1[ \t]*$", re.M | re.S)
+_INLINE_TAG_RE = re.compile(r"(?<![\w&#/])#([A-Za-z0-9_\-/" + _CJK + r"]*[A-Za-z_" + _CJK + r"][A-Za-z0-9_\-/" + _CJK + r"]*)")
+# Sentence ends: Chinese full stops always; Latin ones when followed by whitespace.
+_SENTENCE_END_RE = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])(?=\s)")
+
+EN_STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below between
+    both but by can could did do does doing down during each few for from further had has have having he her here
+    hers herself him himself his how i if in into is it its itself just me more most my myself no nor not now of off
+    on once only or other our ours ourselves out over own same she should so some such than that the their theirs
+    them themselves then there these they this those through to too under until up very was we were what when where
+    which while who whom why will with would you your yours yourself yourselves don doesn didn isn aren wasn weren
+    haven hasn hadn won wouldn shouldn couldn ll ve re tell show find know want please""".split()
+)
+ZH_STOPWORDS = frozenset(
+    """的 了 是 在 和 与 及 或 也 就 都 而 着 过 被 把 让 给 对 从 向 于 以 之 其 这 那 这个 那个 这些 那些 哪 哪个 哪些
+    什么 怎么 怎样 怎么样 如何 为什么 为何 吗 呢 吧 啊 呀 哦 嗯 么 我 我们 你 你们 他 他们 她 她们 它 它们 自己 有 没有
+    没 不 很 还 又 再 一个 一下 一些 有没有 是不是 可以 能 会 要 想 请问 请 关于 一 个 当时 之前 以前 时候 多少 几""".split()
+)
+STOPWORDS = EN_STOPWORDS | ZH_STOPWORDS
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a note: its text, heading path (e.g. "Project X > Decisions") and 1-based inclusive line range."""
+
+    text: str
+    heading_path: str
+    line_start: int
+    line_end: int
+
+
+@dataclass(frozen=True)
+class ParsedNote:
+    """A note split into metadata and chunks; `frontmatter_error` says why a broken block was kept as text."""
+
+    title: str
+    tags: tuple[str, ...]
+    aliases: tuple[str, ...]
+    chunks: tuple[Chunk, ...]
+    frontmatter_error: str | None = None
+
+
+@dataclass
+class _Block:
+    text: str
+    start: int  # 1-based file line
+    end: int
+    is_code: bool = False
+    tokens: int = field(default=0)
+
+
+def estimate_tokens(text: str) -> int:
+    """Approximate model tokens: one per CJK character, Latin word and symbol."""
+    return len(_CJK_RE.findall(text)) + len(_WORD_RE.findall(text)) + len(_SYMBOL_RE.findall(text))
+
+
+def _as_str_list(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = re.split(r"[,\s]+", value) if "," in value or " " in value.strip() else [value]
+    elif isinstance(value, (list, tuple, set)):
+        items = [str(v) for v in value if v is not None]
+    else:
+        items = [str(value)]
+    return tuple(dict.fromkeys(s.strip().lstrip("#").strip() for s in items if s and s.strip().lstrip("#").strip()))
+
+
+def parse_frontmatter(text: str) -> tuple[dict, int, str | None]:
+    """Return (metadata, number of lines the frontmatter block spans, error or None).
+
+    A block that is not valid YAML mapping is reported in `error` and treated as ordinary text (0 lines).
+    """
+    if not text.startswith("---"):
+        return {}, 0, None
+    lines = text.split("\n")
+    if lines[0].rstrip() != "---":
+        return {}, 0, None
+    for i in range(1, len(lines)):
+        if lines[i].rstrip() in ("---", "..."):
+            break
+    else:
+        return {}, 0, "frontmatter has no closing '---' line"
+    import yaml
+
+    try:
+        meta = yaml.safe_load("\n".join(lines[1:i]))
+    except yaml.YAMLError as e:
+        return {}, 0, f"frontmatter is not valid YAML ({str(e).splitlines()[0]})"
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        return {}, 0, "frontmatter is not a key: value mapping"
+    return meta, i + 1, None
+
+
+def _blocks(lines: list[str], first_line: int) -> list[_Block]:
+    """Split section lines into paragraphs and fenced code blocks (kept whole), with file line numbers."""
+    blocks: list[_Block] = []
+    cur: list[str] = []
+    cur_start = 0
+    fence: str | None = None
+    for offset, line in enumerate(lines):
+        lineno = first_line + offset
+        m = _FENCE_RE.match(line)
+        if fence is None and m:
+            if cur:
+                blocks.append(_Block("\n".join(cur), cur_start, lineno - 1))
+            cur, cur_start, fence = [line], lineno, m.group(1)
+            continue
+        if fence is not None:
+            cur.append(line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
+                blocks.append(_Block("\n".join(cur), cur_start, lineno, is_code=True))
+                cur, fence = [], None
+            continue
+        if not line.strip():
+            if cur:
+                blocks.append(_Block("\n".join(cur), cur_start, lineno - 1))
+                cur = []
+            continue
+        if not cur:
+            cur_start = lineno
+        cur.append(line)
+    if cur:
+        blocks.append(_Block("\n".join(cur), cur_start, first_line + len(lines) - 1, is_code=fence is not None))
+    for b in blocks:
+        b.tokens = estimate_tokens(b.text)
+    return blocks
+
+
+def _split_block(block: _Block, limit: int) -> list[_Block]:
+    """Split an oversize block: code and multi-line text at line ends, prose at sentence ends, then hard."""
+    if block.tokens <= limit:
+        return [block]
+    lines = block.text.split("\n")
+    if len(lines) > 1:
+        pieces = [_Block(line, block.start + i, block.start + i, block.is_code) for i, line in enumerate(lines)]
+    else:
+        sentences = [s for s in _SENTENCE_END_RE.split(block.text) if s]
+        if len(sentences) > 1:  # pieces keep their own spacing, so joining them with "" restores the text
+            pieces = [_Block(s, block.start, block.end) for s in sentences]
+        else:
+            step = max(1, len(block.text) * limit // max(block.tokens, 1))
+            pieces = [_Block(block.text[i : i + step], block.start, block.end) for i in range(0, len(block.text), step)]
+    for p in pieces:
+        p.tokens = estimate_tokens(p.text)
+    out: list[_Block] = []
+    for p in _pack(pieces, limit, joiner="\n" if len(lines) > 1 else ""):
+        if p.tokens > limit and p.text != block.text:
+            out.extend(_split_block(p, limit))
+        else:
+            out.append(_Block(p.text.strip(), p.start, p.end, p.is_code, p.tokens))
+    return out
+
+
+def _pack(blocks: list[_Block], limit: int, joiner: str = "\n\n") -> list[_Block]:
+    """Greedily join consecutive blocks while the total stays within `limit` tokens."""
+    out: list[_Block] = []
+    for b in blocks:
+        if out and out[-1].tokens + b.tokens <= limit:
+            last = out[-1]
+            out[-1] = _Block(last.text + joiner + b.text, last.start, b.end, last.is_code and b.is_code, last.tokens + b.tokens)
+        else:
+            out.append(_Block(b.text, b.start, b.end, b.is_code, b.tokens))
+    return out
+
+
+def _tail_for_overlap(text: str, overlap_tokens: int) -> str:
+    """The last whole sentences of `text` that fit in `overlap_tokens` (empty if none fits)."""
+    tail = ""
+    sentences = [s for line in text.split("\n") for s in _SENTENCE_END_RE.split(line) if s.strip()]
+    for s in reversed(sentences):
+        candidate = s.strip() + (" " + tail if tail else "")
+        if estimate_tokens(candidate) > overlap_tokens:
+            break
+        tail = candidate
+    return tail
+
+
+@dataclass
+class _Section:
+    path: tuple[str, ...]
+    start: int
+    lines: list[str]
+
+
+def _sections(lines: list[str], first_line: int) -> list[_Section]:
+    sections = [_Section((), first_line, [])]
+    stack: list[tuple[int, str]] = []
+    fence: str | None = None
+    for offset, line in enumerate(lines):
+        m = _FENCE_RE.match(line)
+        if m:
+            if fence is None:
+                fence = m.group(1)
+            elif m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
+                fence = None
+        h = _HEADING_RE.match(line) if fence is None and not m else None
+        if h:
+            level, title = len(h.group(1)), h.group(2).strip()
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, title))
+            sections.append(_Section(tuple(t for _, t in stack), first_line + offset, [line]))
+        else:
+            sections[-1].lines.append(line)
+    return sections
+
+
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens: int = 0) -> ParsedNote:
+    """Parse a note into metadata and heading-aware chunks of at most about `chunk_tokens` tokens.
+
+    Sections split at Markdown headings (never inside fenced code); adjacent small sections merge up to the
+    limit under their common heading path; long sections split at paragraphs, then sentences, then hard.
+    With `overlap_tokens`, a split section's chunk starts with the previous chunk's last sentences.
+    """
+    text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    meta, fm_lines, fm_error = parse_frontmatter(text)
+    lines = text.split("\n")
+    body = lines[fm_lines:]
+    sections = _sections(body, fm_lines + 1)
+    title = str(meta.get("title") or "").strip()
+    if not title:  # the first level-1 heading (the section parser already skips fenced code)
+        title = next((sec.path[0] for sec in sections if len(sec.path) == 1 and sec.lines[0].startswith("# ")), "")
+    title = title or fallback_title
+    tags = _as_str_list(meta.get("tags") or meta.get("tag"))
+    prose = _INLINE_CODE_RE.sub("", _FENCED_BLOCK_RE.sub("", "\n".join(body)))
+    inline = tuple(m.group(1) for m in _INLINE_TAG_RE.finditer(prose))
+    tags = tuple(dict.fromkeys(tags + inline))
+    aliases = _as_str_list(meta.get("aliases") or meta.get("alias"))
+
+    # Each section becomes packed pieces; then adjacent single-piece sections merge while they fit.
+    units: list[tuple[tuple[str, ...], _Block, bool]] = []  # (heading path, block, whole section?)
+    # With overlap, pack to the limit minus the overlap so a chunk with its carried-over tail stays within the limit.
+    body_limit = max(chunk_tokens - overlap_tokens, chunk_tokens // 2)
+    for sec in sections:
+        blocks = [b for b in _blocks(sec.lines, sec.start) if b.text.strip()]
+        if not blocks or (len(blocks) == 1 and sec.path and _HEADING_RE.match(blocks[0].text)):
+            continue  # an empty section or a heading alone: its title lives on in its children's paths
+        pieces: list[_Block] = []
+        for b in blocks:
+            pieces.extend(_split_block(b, body_limit))
+        packed = _pack(pieces, body_limit)
+        if len(packed) > 1 and sec.path and _HEADING_RE.fullmatch(packed[0].text.strip()):
+            packed = packed[1:]  # the heading line alone; it lives on in the chunks' heading path
+        for i, p in enumerate(packed):
+            if i and overlap_tokens:
+                tail = _tail_for_overlap(packed[i - 1].text, overlap_tokens)
+                if tail:
+                    p = _Block(tail + "\n" + p.text, p.start, p.end, p.is_code, p.tokens + estimate_tokens(tail))
+            units.append((sec.path, p, len(packed) == 1))
+
+    merged: list[tuple[tuple[str, ...], _Block, bool]] = []
+    for path, block, whole in units:
+        if merged and whole and merged[-1][2] and merged[-1][1].tokens + block.tokens <= chunk_tokens:
+            ppath, prev, _ = merged[-1]
+            joined = _Block(prev.text + "\n\n" + block.text, prev.start, block.end, False, prev.tokens + block.tokens)
+            merged[-1] = (_common_prefix(ppath, path), joined, True)
+        else:
+            merged.append((path, block, whole))
+    chunks = tuple(Chunk(b.text, HEADING_SEP.join(path), b.start, b.end) for path, b, _ in merged)
+    return ParsedNote(title, tags, aliases, chunks, fm_error)
+
+
+def chunk_context(title: str, heading_path: str) -> str:
+    """The label a chunk is embedded and keyword-indexed with: note title, then heading path when it adds to it."""
+    if not heading_path or heading_path == title:
+        return title
+    if heading_path.startswith(title + HEADING_SEP):
+        return heading_path
+    return title + HEADING_SEP + heading_path
+
+
+def content_hash(*parts: str) -> str:
+    """Stable short hash of text parts (chunk ids, embedding reuse keys)."""
+    h = hashlib.blake2b(digest_size=10)
+    for p in parts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _jieba_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "second-brain-mcp"
+
+
+class Tokenizer:
+    """BM25 tokenizer for Chinese, English and mixed text; the same instance serves ingest and query.
+
+    Chinese goes through jieba's cut_for_search with the vault's own terms (titles, aliases, tags) added to its
+    dictionary; without jieba it falls back to CJK unigrams + bigrams. Latin text is lowercased words, and
+    identifiers such as `backup-nightly.timer` are kept whole as well as split.
+    """
+
+    def __init__(self, use_jieba: bool = True) -> None:
+        self._jieba = None
+        self.user_terms: frozenset[str] = frozenset()
+        if use_jieba:
+            try:
+                import jieba
+            except ImportError:
+                logger.warning("jieba is not installed; Chinese falls back to unigrams + bigrams (pip install jieba)")
+            else:
+                jieba.setLogLevel(logging.WARNING)  # its "Building prefix dict" lines must never reach stdout
+                tk = jieba.Tokenizer()
+                cache = _jieba_cache_dir()
+                try:
+                    cache.mkdir(parents=True, exist_ok=True)
+                    tk.tmp_dir = str(cache)
+                except OSError:
+                    pass  # jieba then uses the temp folder
+                self._jieba = tk
+        self.signature = f"tok{TOKENIZER_VERSION}-{'jieba' if self._jieba else 'ngram'}-{content_hash(*sorted(STOPWORDS))}"
+
+    @property
+    def uses_jieba(self) -> bool:
+        return self._jieba is not None
+
+    def set_user_terms(self, terms: Iterable[str]) -> frozenset[str]:
+        """Make the vault's own names single tokens; returns the terms whose treatment changed."""
+        new = vault_terms(terms)
+        changed = new ^ self.user_terms
+        if self._jieba is not None:
+            for t in new - self.user_terms:
+                self._jieba.add_word(t, freq=USER_TERM_FREQ)
+            for t in self.user_terms - new:
+                self._jieba.del_word(t)
+        self.user_terms = new
+        return changed
+
+    def _cjk_tokens(self, run: str) -> list[str]:
+        if self._jieba is not None:
+            out = []
+            for t in self._jieba.cut_for_search(run, HMM=True):
+                out.append(t)
+                if t in self.user_terms and not _CJK_RUN_RE.fullmatch(t):
+                    out.extend(_MIXED_PART_RE.findall(t))  # "云仓wms" also matches "云仓" and "wms"
+            return out
+        out: list[str] = []
+        pos = 0
+        for m in _CJK_RUN_RE.finditer(run):
+            out.extend(_LATIN_WORD_RE.findall(run[pos : m.start()]))
+            s = m.group(0)
+            out.extend(s)
+            out.extend(s[i : i + 2] for i in range(len(s) - 1))
+            pos = m.end()
+        out.extend(_LATIN_WORD_RE.findall(run[pos:]))
+        return out
+
+    def tokenize(self, text: str) -> list[str]:
+        """Lowercased, normalized tokens with stopwords and punctuation removed."""
+        norm = unicodedata.normalize("NFKC", text).lower()
+        tokens = [m.group(0) for m in _COMPOUND_RE.finditer(norm)]
+        for m in _RUN_RE.finditer(norm):
+            run = m.group(0)
+            if _CJK_RE.search(run):
+                tokens.extend(self._cjk_tokens(run))
+            else:
+                tokens.append(run)
+        return [t for t in tokens if t not in STOPWORDS and (len(t) > 1 or t.isdigit() or _CJK_RE.match(t))]
+
+
+def vault_terms(names: Iterable[str]) -> frozenset[str]:
+    """Dictionary words from vault titles, aliases and tags: their runs of letters/digits/CJK that contain CJK.
+
+    Example: vault_terms(["云仓WMS 项目", "Homelab"]) -> {"云仓wms", "项目"}
+    """
+    out = set()
+    for name in names:
+        for run in _RUN_RE.findall(unicodedata.normalize("NFKC", name).lower()):
+            if USER_TERM_MIN_CHARS <= len(run) <= USER_TERM_MAX_CHARS and _CJK_RE.search(run):
+                out.add(run)
+    return frozenset(out)
+
+
+def cjk_share(text: str) -> float:
+    """Share of CJK characters among the non-space characters of `text`."""
+    total = len(text) - text.count(" ") - text.count("\n")
+    return len(_CJK_RE.findall(text)) / total if total > 0 else 0.0

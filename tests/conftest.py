@@ -1,0 +1,13 @@
+"""Shared test setup: make the repository root importable (tests import kb_config, kb_scan, ... directly)."""
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from kb_fixtures import make_engine, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)

@@ -1,0 +1,59 @@
+"""Fixtures shared by the engine, search, server and watcher tests (loaded by conftest.py as a plugin)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kb_config import Config, load_config
+from kb_vectors import HashEmbedder
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_KB = REPO_ROOT / "examples" / "sample_kb"
+
+
+def make_config(kb_dir: Path, data_dir: Path, **overrides: object) -> Config:
+    """A validated Config for a vault and index folder in tmp_path, with attribute overrides."""
+    cfg = load_config(None, env={"KB_DIR": str(kb_dir), "KB_DATA_DIR": str(data_dir)})
+    return replace(cfg, **overrides) if overrides else cfg
+
+
+@pytest.fixture
+def sample_vault(tmp_path: Path) -> Path:
+    """A private copy of the bundled sample vault (tests may edit it)."""
+    dest = tmp_path / "vault"
+    shutil.copytree(SAMPLE_KB, dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture
+def small_vault(tmp_path: Path) -> Path:
+    """A tiny vault: an English note, a Chinese note and a long note with sections."""
+    root = tmp_path / "small"
+    (root / "projects").mkdir(parents=True)
+    (root / "projects" / "alpha.md").write_text(
+        "---\ntitle: Alpha\ntags: [work]\n---\n# Alpha\n\n## Decisions\n\nWe chose PostgreSQL for the ledger.\n\n"
+        "## Risks\n\nThe vendor API rate limit is 50 requests per second.\n",
+        encoding="utf-8",
+    )
+    (root / "笔记.md").write_text("# 跑步\n\n周末长距离跑 18 公里，配速 6 分 10 秒。\n", encoding="utf-8")
+    sections = "\n\n".join(f"## Section {i}\n\n" + " ".join(f"word{i}x{j}" for j in range(120)) for i in range(6))
+    (root / "long.md").write_text("# Long\n\n" + sections + "\n", encoding="utf-8")
+    (root / "inbox.md").write_text("# Inbox\n\n- first capture\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def make_engine(tmp_path: Path) -> Callable[..., object]:
+    """Build Engines over a vault with a HashEmbedder (pass embedder= to share or replace it)."""
+    from ingest import Engine
+
+    def build(vault: Path, embedder: object | None = None, data_dir: Path | None = None, **overrides: object):
+        cfg = make_config(vault, data_dir or tmp_path / "data", **overrides)
+        return Engine(cfg, embedder or HashEmbedder())
+
+    return build

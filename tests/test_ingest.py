@@ -1,0 +1,402 @@
+"""Engine integration tests: real files, a real Chroma store in tmp_path, real jieba, a counting hash embedder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import ingest
+from ingest import Engine
+from kb_config import LockTimeoutError, ModelUnavailableError
+from kb_state import FileLock
+from kb_vectors import HashEmbedder
+from kb_fixtures import REPO_ROOT, make_config
+
+
+def _vector_ids_for(engine: Engine, path: str) -> list[str]:
+    col = engine.vectors._open()
+    return col.get(where={"path": path}, include=[])["ids"]
+
+
+def _assert_consistent(engine: Engine) -> None:
+    """Vectors, state.json and the keyword view all hold exactly the chunks of the notes on disk."""
+    state = json.loads(engine.state_path.read_text(encoding="utf-8"))
+    state_ids = {cid for rec in state["files"].values() for cid in rec["chunks"]}
+    assert set(engine.vectors.all_ids()) == state_ids
+    assert set(engine.chunks) == state_ids
+    assert len(engine.bm25) == len(state_ids)
+
+
+def test_sync_embeds_nothing_when_unchanged(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    first = engine.sync_all()
+    assert first.added == 4 and first.chunks_embedded == len(engine.chunks) > 0
+    calls = len(emb.calls)
+    second = engine.sync_all()
+    assert second.chunks_embedded == 0 and second.unchanged == 4 and not second.did_work
+    assert len(emb.calls) == calls
+    _assert_consistent(engine)
+
+
+def test_sync_skips_reading_when_stat_unchanged(small_vault, make_engine, monkeypatch):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    reads: list[Path] = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    engine.sync_all()
+    assert reads == []
+
+
+def test_sync_reembeds_nothing_when_only_touched(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    note = small_vault / "projects" / "alpha.md"
+    st = note.stat()
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    report = engine.sync_all()
+    assert report.touched == 1 and report.chunks_embedded == 0 and report.changed == 0
+    assert engine.files["projects/alpha.md"].mtime_ns == st.st_mtime_ns + 5_000_000_000
+    assert not engine.sync_all().did_work  # the new stat was committed
+
+
+def test_sync_reembeds_only_the_edited_section(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    long_note = small_vault / "long.md"
+    before = [c for c in engine.chunks.values() if c.path == "long.md"]
+    assert len(before) >= 4
+    text = long_note.read_text(encoding="utf-8").replace("word3x7 ", "EDITED ")
+    long_note.write_text(text, encoding="utf-8")
+    embedded_before = emb.embedded
+    report = engine.sync_all()
+    assert report.changed == 1
+    assert emb.embedded - embedded_before == report.chunks_embedded == 1
+    assert report.chunks_deleted == 1
+    _assert_consistent(engine)
+
+
+def test_sync_updates_line_ranges_without_embedding_when_text_shifts(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    note = small_vault / "long.md"
+    note.write_text(note.read_text(encoding="utf-8").replace("# Long\n", "# Long\n\nIntro line added.\n", 1), encoding="utf-8")
+    report = engine.sync_all()
+    assert report.chunks_embedded <= 1  # only the chunk holding the new intro
+    lines = note.read_text(encoding="utf-8").split("\n")
+    for c in engine.chunks.values():
+        if c.path == "long.md" and c.heading_path.endswith("Section 5"):
+            assert lines[c.line_start - 1].startswith("## Section 5")
+            meta = engine.vectors._open().get(ids=[c.id], include=["metadatas"])["metadatas"][0]
+            assert meta["line_start"] == c.line_start
+
+
+def test_sync_removes_chunks_of_deleted_note(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    assert _vector_ids_for(engine, "long.md")
+    (small_vault / "long.md").unlink()
+    report = engine.sync_all()
+    assert report.removed == 1 and report.chunks_deleted > 0
+    assert _vector_ids_for(engine, "long.md") == []
+    assert not any(c.path == "long.md" for c in engine.chunks.values())
+    _assert_consistent(engine)
+
+
+def test_sync_reuses_vectors_when_note_renamed(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    (small_vault / "projects" / "alpha.md").rename(small_vault / "projects" / "alpha-renamed.md")
+    embedded = emb.embedded
+    report = engine.sync_all()
+    assert report.added == 1 and report.removed == 1
+    assert emb.embedded == embedded and report.chunks_reused > 0
+    assert _vector_ids_for(engine, "projects/alpha.md") == []
+    assert _vector_ids_for(engine, "projects/alpha-renamed.md")
+    _assert_consistent(engine)
+
+
+def test_apply_file_changes_handles_given_paths_only(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- second capture about sourdough\n", encoding="utf-8")
+    (small_vault / "笔记.md").write_text("# 跑步\n\n改了\n", encoding="utf-8")
+    report = engine.apply_file_changes([small_vault / "inbox.md"])
+    assert report.changed == 1
+    assert any("sourdough" in c.text for c in engine.chunks.values())
+    assert not any("改了" in c.text for c in engine.chunks.values())  # not named, not applied yet
+    (small_vault / "inbox.md").unlink()
+    assert engine.apply_file_changes(["inbox.md"]).removed == 1
+    assert engine.apply_file_changes([".obsidian/app.json", "../outside.md"]).did_work is False
+
+
+def test_sync_rebuilds_affected_chunks_when_chunk_size_changes(small_vault, make_engine, tmp_path):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    old_ids = set(engine.chunks)
+    emb2 = HashEmbedder()
+    engine2 = make_engine(small_vault, emb2, chunk_tokens=64)
+    report = engine2.sync_all()
+    assert any("chunking changed" in r for r in report.reasons)
+    assert report.changed == 4
+    kept = set(engine2.chunks) & old_ids
+    assert kept and set(engine2.chunks) != old_ids  # short notes chunk the same way and keep their vectors
+    assert report.chunks_embedded == emb2.embedded == len(set(engine2.chunks) - old_ids)
+    _assert_consistent(engine2)
+
+
+def test_sync_reembeds_everything_when_model_changes(small_vault, make_engine):
+    engine = make_engine(small_vault, HashEmbedder(name="model-a"))
+    engine.sync_all()
+    emb_b = HashEmbedder(name="model-b")
+    engine_b = make_engine(small_vault, emb_b)
+    report = engine_b.sync_all()
+    assert any("embedding model changed" in r for r in report.reasons)
+    assert report.chunks_embedded == len(engine_b.chunks) and report.chunks_reused == 0
+    _assert_consistent(engine_b)
+
+
+def test_sync_after_crash_overwrites_instead_of_duplicating(small_vault, make_engine, monkeypatch):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    calls = {"n": 0}
+    real_commit = Engine._commit_state
+
+    def crash_once(self):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated crash after the vectors were written")
+        real_commit(self)
+
+    monkeypatch.setattr(Engine, "_commit_state", crash_once)
+    with pytest.raises(RuntimeError):
+        engine.sync_all()
+    written = engine.vectors.count()
+    assert written > 0 and not engine.state_path.exists()
+    monkeypatch.setattr(Engine, "_commit_state", real_commit)
+    emb2 = HashEmbedder()
+    engine2 = make_engine(small_vault, emb2)
+    report = engine2.sync_all()
+    assert emb2.embedded == 0 and report.chunks_reused == written
+    _assert_consistent(engine2)
+
+
+def test_sync_drops_orphan_vectors_when_state_is_lost(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    (small_vault / "long.md").unlink()
+    engine.state_path.unlink()  # as if state.json were lost together with the note's removal
+    engine2 = make_engine(small_vault)
+    report = engine2.sync_all()
+    assert any("no note references" in r for r in report.reasons)
+    _assert_consistent(engine2)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        ("binary.md", b"\x00\x01\x02 not text", "binary"),
+        ("latin1.md", "caf\xe9 cr\xe8me".encode("latin-1") + b"\xff\xfe\xfa", "not UTF-8"),
+    ],
+)
+def test_sync_skips_unreadable_note_with_reason(small_vault, make_engine, name, data, reason):
+    (small_vault / name).write_bytes(data)
+    engine = make_engine(small_vault)
+    report = engine.sync_all()
+    assert report.skipped == 1 and report.added == 4
+    assert reason in engine.skipped_files()[name]
+    assert not engine.sync_all().did_work  # not retried until the file changes
+
+
+def test_sync_skips_note_over_size_limit(small_vault, make_engine):
+    (small_vault / "huge.md").write_text("x " * 3000, encoding="utf-8")
+    engine = make_engine(small_vault, max_file_bytes=1000)
+    engine.sync_all()
+    assert "max_file_bytes" in engine.skipped_files()["huge.md"]
+
+
+def test_sync_indexes_gb18030_and_broken_frontmatter_notes(small_vault, make_engine):
+    (small_vault / "gbk.md").write_bytes("# 旧笔记\n\n这是一篇用 GBK 编码保存的旧笔记，讲红烧肉。\n".encode("gb18030"))
+    (small_vault / "broken.md").write_text("---\ntitle: 'unclosed\ntags: [a\n---\n# Cat\n\nThe cat weighs 5.4 kg.\n", encoding="utf-8")
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    assert engine.files["gbk.md"].encoding == "gb18030"
+    assert any("红烧肉" in c.text for c in engine.chunks.values() if c.path == "gbk.md")
+    assert any("5.4 kg" in c.text for c in engine.chunks.values() if c.path == "broken.md")
+
+
+def test_second_process_sees_first_process_writes_without_embedding(small_vault, make_engine, tmp_path):
+    a = make_engine(small_vault, HashEmbedder())
+    a.sync_all()
+    emb_b = HashEmbedder()
+    b = make_engine(small_vault, emb_b)
+    b.sync_all()
+    assert emb_b.embedded == 0
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- zanzibar ferry schedule\n", encoding="utf-8")
+    a.sync_all()
+    report = b.sync_all()
+    assert emb_b.embedded == 0 and report.chunks_embedded == 0
+    assert any("zanzibar" in c.text for c in b.chunks.values())
+    hits = b.vectors.query(HashEmbedder().embed_query("zanzibar ferry schedule"), 3)
+    assert hits and b.chunks[hits[0][0]].path == "inbox.md"
+
+
+def test_sync_reports_lock_timeout_and_keeps_keyword_view_fresh(small_vault, make_engine):
+    engine = make_engine(small_vault, lock_timeout_s=0.2)
+    engine.sync_all()
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- quokka sighting\n", encoding="utf-8")
+    other = FileLock(engine.cfg.index_dir / "lock")
+    other_proc = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+        "print('locked', flush=True); time.sleep(30)"), str(other.path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other_proc.stdout.readline().strip() == "locked"
+        report = engine.sync_all()
+    finally:
+        other_proc.kill()
+        other_proc.wait()
+    assert any("index lock" in r for r in report.reasons)
+    assert any("quokka" in c.text for c in engine.chunks.values())  # keyword view updated anyway
+    assert engine.sync_all().changed == 1  # committed once the lock is free
+
+
+def test_file_lock_times_out_with_clear_message(tmp_path):
+    first, second = FileLock(tmp_path / "lock"), FileLock(tmp_path / "lock")
+    first.acquire(1)
+    try:
+        # flock is per open file description: a second descriptor in this process conflicts like another process
+        with pytest.raises(LockTimeoutError, match="lock_timeout"):
+            second.acquire(0.1)
+    finally:
+        first.release()
+    second.acquire(0.1)
+    second.release()
+
+
+class _BrokenModel(HashEmbedder):
+    def embed_documents(self, texts):
+        raise ModelUnavailableError("embedding model 'missing-model' cannot be loaded (test)")
+
+    def embed_query(self, text):
+        raise ModelUnavailableError("embedding model 'missing-model' cannot be loaded (test)")
+
+
+def test_sync_degrades_to_keyword_index_when_model_unavailable(small_vault, make_engine):
+    engine = make_engine(small_vault, _BrokenModel())
+    report = engine.sync_all()
+    assert engine.model_error and "missing-model" in engine.model_error
+    assert not report.vectors and report.added == 4
+    assert engine.bm25.search(engine.tokenizer.tokenize("PostgreSQL ledger"), 3)
+
+
+def test_new_process_starts_from_saved_view_without_rechunking(small_vault, make_engine, monkeypatch):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    engine.save_view()
+    planned: list[str] = []
+    real_plan = Engine._plan
+    monkeypatch.setattr(Engine, "_plan", lambda self, path, stat, old: planned.append(path) or real_plan(self, path, stat, old))
+    engine2 = make_engine(small_vault)
+    engine2.sync_all()
+    assert planned == []
+    assert set(engine2.chunks) == set(engine.chunks)
+
+
+def test_rebuild_clears_and_reindexes(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    n = len(engine.chunks)
+    report = engine.sync_all(rebuild=True)
+    assert report.added == 4 and report.chunks_embedded == n
+    _assert_consistent(engine)
+
+
+def test_vault_terms_become_single_tokens_after_sync(small_vault, make_engine):
+    (small_vault / "米哈游面试.md").write_text("---\naliases: [米哈游]\n---\n# 面试\n\n米哈游的二面问了限流。\n", encoding="utf-8")
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    assert "米哈游" in engine.tokenizer.tokenize("米哈游面试")
+    hits = engine.bm25.search(engine.tokenizer.tokenize("米哈游"), 1)
+    assert hits and engine.chunks[hits[0][0]].path == "米哈游面试.md"
+
+
+def test_model_warning_names_multilingual_model_for_chinese_vault(tmp_path, make_engine):
+    vault = tmp_path / "zh"
+    vault.mkdir()
+    (vault / "a.md").write_text("# 笔记\n\n" + "今天学习了分布式事务和消息队列的设计。" * 20, encoding="utf-8")
+    engine = make_engine(vault, HashEmbedder(name="all-MiniLM-L6-v2"))
+    engine.sync_all()
+    warning = engine.model_warning()
+    assert warning and "bge-small-zh" in warning
+    english = make_engine(vault, HashEmbedder(name="BAAI/bge-small-zh-v1.5"), data_dir=tmp_path / "d2")
+    english.sync_all()
+    assert english.model_warning() is None
+
+
+def test_ingest_cli_prints_json_summary_and_creates_config_on_first_run(small_vault, tmp_path, monkeypatch, capsys):
+    import kb_config
+
+    example = tmp_path / "config.example.yaml"
+    example.write_text((REPO_ROOT / "config.example.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(kb_config, "DEFAULT_CONFIG_FILE", tmp_path / "config.yaml")
+    monkeypatch.setattr(kb_config, "EXAMPLE_CONFIG_FILE", example)
+    monkeypatch.delenv("KB_CONFIG", raising=False)
+    monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(ingest, "SentenceTransformerEmbedder", lambda *a, **k: HashEmbedder())
+    assert ingest.main(["--kb-dir", str(small_vault), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "created" in err and (tmp_path / "config.yaml").is_file()
+    summary = json.loads(out)
+    assert summary["added"] == 4 and summary["notes"] == 4 and summary["chunks_embedded"] > 0
+    assert ingest.main(["--kb-dir", str(small_vault), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chunks_embedded"] == 0
+
+
+def test_ingest_cli_exits_1_with_message_for_missing_model(small_vault, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(ingest, "SentenceTransformerEmbedder", lambda *a, **k: _BrokenModel())
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f"kb_dir: {small_vault}\n", encoding="utf-8")
+    assert ingest.main(["--config", str(cfg_file)]) == 1
+    assert "missing-model" in capsys.readouterr().err
+
+
+def test_ingest_cli_exits_1_for_invalid_config(tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("kb_dir: /does/not/exist\nsearch:\n  top_k: 0\n", encoding="utf-8")
+    assert ingest.main(["--config", str(cfg_file)]) == 1
+    err = capsys.readouterr().err
+    assert "search.top_k must be >= 1" in err
+
+
+def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
+    """Two real ingest processes on one index at the same time: no corruption, no duplicate vectors."""
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(f"kb_dir: {json.dumps(str(sample_vault))}\ndata_dir: {json.dumps(str(tmp_path / 'data'))}\n", encoding="utf-8")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from kb_config import load_config; from ingest import Engine; from kb_vectors import HashEmbedder;"
+        "e = Engine(load_config(sys.argv[2]), HashEmbedder()); r = e.sync_all(); print(r.chunks_embedded)"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(REPO_ROOT), str(cfg_file)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [int(p.communicate(timeout=180)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    engine = Engine(make_config(sample_vault, tmp_path / "data"), HashEmbedder())
+    engine.sync_all()
+    _assert_consistent(engine)
+    assert sum(outs) == len(engine.chunks)  # every chunk embedded exactly once across both processes

@@ -1,0 +1,411 @@
+"""kb_text: frontmatter, titles, heading-aware chunking, tags, and the BM25 tokenizer (jieba and fallback)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import kb_text
+from kb_text import HEADING_SEP, Tokenizer, chunk_note, estimate_tokens, parse_frontmatter, vault_terms
+
+# A Chinese paragraph of 30 sentences on one line, ending in each of 。！？； in turn (~660 tokens).
+ZH_SENTENCES = [f"第{i}句话讲的是仓库库存同步方案的细节和问题{'。！？；'[i % 4]}" for i in range(30)]
+ZH_PARAGRAPH = "".join(ZH_SENTENCES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jieba_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep jieba's dictionary cache in a tmp folder instead of ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    """A shared jieba tokenizer without vault terms; tests that add terms build their own."""
+    tk = Tokenizer()
+    assert tk.uses_jieba
+    return tk
+
+
+def _slice(text: str, start: int, end: int) -> str:
+    return "\n".join(text.split("\n")[start - 1 : end])
+
+
+# ---- frontmatter and title ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frontmatter", "tags", "aliases"),
+    [
+        ("tags: [redis, cache]", ("redis", "cache"), ()),
+        ("tags:\n  - redis\n  - '#cache'", ("redis", "cache"), ()),
+        ("tags: redis, cache", ("redis", "cache"), ()),
+        ("tags: '#redis #cache'", ("redis", "cache"), ()),
+        ("tag: redis", ("redis",), ()),
+        ("tags: [redis, redis]", ("redis",), ()),
+        ("aliases: [Cache Notes, 缓存]", (), ("Cache Notes", "缓存")),
+        ("aliases: 缓存笔记", (), ("缓存笔记",)),
+        ("alias: 缓存", (), ("缓存",)),
+        ("tags:\naliases:", (), ()),
+    ],
+)
+def test_chunk_note_reads_tags_and_aliases_from_frontmatter(frontmatter: str, tags: tuple, aliases: tuple) -> None:
+    note = chunk_note(f"---\ntitle: Redis\n{frontmatter}\n---\nbody\n", "fallback", 200)
+
+    assert (note.title, note.tags, note.aliases, note.frontmatter_error) == ("Redis", tags, aliases, None)
+
+
+def test_chunk_note_starts_line_numbers_after_the_frontmatter() -> None:
+    text = "---\ntitle: T\n---\nfirst body line\n"
+
+    note = chunk_note(text, "fallback", 200)
+
+    assert parse_frontmatter(text) == ({"title": "T"}, 3, None)
+    assert [(c.text, c.line_start, c.line_end) for c in note.chunks] == [("first body line", 4, 4)]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("---\ntitle: [unclosed\n---\nbody text\n", "frontmatter is not valid YAML"),
+        ("---\n- a\n- b\n---\nbody text\n", "frontmatter is not a key: value mapping"),
+        ("---\ntitle: x\nbody text\n", "frontmatter has no closing '---' line"),
+    ],
+)
+def test_chunk_note_keeps_broken_frontmatter_as_text(text: str, error: str) -> None:
+    note = chunk_note(text, "fallback", 200)
+
+    assert note.frontmatter_error is not None and error in note.frontmatter_error
+    assert note.title == "fallback"
+    assert note.chunks[0].line_start == 1
+    body = "\n".join(c.text for c in note.chunks)
+    assert text.split("\n")[1] in body and "body text" in body  # the block is indexed as ordinary text
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("---\ntitle: From Meta\n---\n# From H1\n", "From Meta"),
+        ("---\ntitle: ''\n---\n# From H1\n", "From H1"),
+        ("intro\n\n# From H1\n\n# Second H1\n", "From H1"),
+        ("## Only H2\n\ntext\n", "fallback"),
+        ("#NoSpace is a tag\n", "fallback"),
+        ("", "fallback"),
+        ("# 中文标题 #\n", "中文标题"),
+    ],
+)
+def test_chunk_note_takes_title_from_frontmatter_then_first_h1_then_fallback(text: str, title: str) -> None:
+    assert chunk_note(text, "fallback", 200).title == title
+
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("```bash\n# install deps\npip install x\n```\n\n# Real Title\n", "Real Title"),
+        ("~~~\n# just a comment\n~~~\n", "fallback"),
+    ],
+)
+def test_chunk_note_ignores_comment_lines_in_code_when_finding_the_title(text: str, title: str) -> None:
+    assert chunk_note(text, "fallback", 200).title == title
+
+
+# ---- chunking ------------------------------------------------------------------------------------------------
+
+SECTIONED_NOTE = """# Project
+
+intro words here about the project and more words to pad it out nicely
+
+## Decisions
+
+We decided to use postgres for storage because it is reliable and boring.
+
+### Storage
+
+Details about storage layer, replication and backups every night.
+
+## Risks
+
+Risk text covers vendor lock-in and cost.
+"""
+
+
+def test_chunk_note_splits_at_headings_with_joined_heading_paths_and_line_ranges() -> None:
+    note = chunk_note(SECTIONED_NOTE, "fallback", 20)
+
+    assert [(c.heading_path, c.line_start, c.line_end) for c in note.chunks] == [
+        ("Project", 1, 3),
+        (f"Project{HEADING_SEP}Decisions", 5, 7),
+        (f"Project{HEADING_SEP}Decisions{HEADING_SEP}Storage", 9, 11),
+        (f"Project{HEADING_SEP}Risks", 13, 15),
+    ]
+    assert [c.text for c in note.chunks] == [_slice(SECTIONED_NOTE, c.line_start, c.line_end) for c in note.chunks]
+
+
+def test_chunk_note_merges_small_sections_under_their_common_heading_path() -> None:
+    note = chunk_note(SECTIONED_NOTE, "fallback", 200)
+
+    assert [(c.heading_path, c.line_start, c.line_end) for c in note.chunks] == [("Project", 1, 15)]
+    assert note.chunks[0].text.split("\n") == SECTIONED_NOTE.rstrip("\n").split("\n")
+
+
+def test_chunk_note_counts_lines_alike_for_crlf_and_bom() -> None:
+    windows = "\ufeff" + SECTIONED_NOTE.replace("\n", "\r\n")
+
+    expected = [(c.heading_path, c.line_start, c.line_end, c.text) for c in chunk_note(SECTIONED_NOTE, "f", 20).chunks]
+
+    assert [(c.heading_path, c.line_start, c.line_end, c.text) for c in chunk_note(windows, "f", 20).chunks] == expected
+
+
+@pytest.mark.parametrize("fence", ["```", "~~~", "````"])
+def test_chunk_note_does_not_treat_hash_lines_in_fenced_code_as_headings(fence: str) -> None:
+    text = (
+        "# Setup\n\nInstall the tools first.\n\n"
+        f"{fence}bash\n# not a heading\n## nor this\n{fence}\n\n"
+        "More setup prose after the code block.\n"
+    )
+
+    note = chunk_note(text, "fallback", 200)
+
+    assert note.title == "Setup"
+    assert [c.heading_path for c in note.chunks] == ["Setup"]
+    assert "# not a heading" in note.chunks[0].text
+
+
+def test_chunk_note_keeps_a_code_block_whole_when_it_fits() -> None:
+    code = "```python\ndef f(x):\n    return x + 1\n\n\ndef g(y):\n    return y * 2\n```"
+    prose = "This paragraph explains the two helper functions used by the nightly backup job."
+    text = f"# Code\n\n{prose}\n\n{code}\n\n{prose}\n"
+    limit = estimate_tokens(code) + 2
+
+    note = chunk_note(text, "fallback", limit)
+
+    assert estimate_tokens(prose) * 2 + estimate_tokens(code) > limit  # the section has to split
+    assert code in [c.text for c in note.chunks]
+    whole = next(c for c in note.chunks if c.text == code)
+    assert _slice(text, whole.line_start, whole.line_end) == code
+
+
+def test_chunk_note_splits_an_oversize_code_block_at_line_ends() -> None:
+    code_lines = [f"echo step {i} && run_task --id {i} --verbose" for i in range(40)]
+    text = "# Script\n\n```bash\n" + "\n".join(code_lines) + "\n```\n"
+
+    note = chunk_note(text, "fallback", 40)
+
+    assert len(note.chunks) > 1
+    chunk_lines = [line for c in note.chunks for line in c.text.split("\n")]
+    assert [line for line in chunk_lines if line.startswith("echo")] == code_lines  # no line lost or cut
+    for c in note.chunks:
+        assert all(line in _slice(text, c.line_start, c.line_end).split("\n") for line in c.text.split("\n"))
+
+
+@pytest.mark.parametrize("limit", [40, 60, 200])
+def test_chunk_note_splits_long_chinese_paragraph_at_sentence_ends(limit: int) -> None:
+    text = "# 库存同步\n\n" + ZH_PARAGRAPH + "\n"
+
+    note = chunk_note(text, "fallback", limit)
+
+    assert len(note.chunks) > 1
+    assert all(estimate_tokens(c.text) <= limit for c in note.chunks)
+    joined = "".join(c.text for c in note.chunks)
+    assert [s for s in ZH_SENTENCES if s not in joined] == []
+    assert all(re.search(r"[。！？；]$", c.text) for c in note.chunks if "句" in c.text)  # ends at a sentence end
+    assert all(c.line_end == 3 for c in note.chunks if "句" in c.text)  # the paragraph's own line
+
+
+def test_chunk_note_hard_splits_a_sentence_longer_than_the_limit_without_losing_text() -> None:
+    sentence = "仓库库存同步方案" * 20  # 160 CJK characters, no punctuation
+    note = chunk_note(sentence, "fallback", 50)
+
+    assert len(note.chunks) > 1
+    assert all(estimate_tokens(c.text) <= 50 for c in note.chunks)
+    assert "".join(c.text for c in note.chunks) == sentence
+
+
+def test_chunk_note_starts_a_split_chunk_with_the_previous_chunks_last_sentence_when_overlapping() -> None:
+    text = "# 库存同步\n\n" + ZH_PARAGRAPH + "\n"
+
+    plain = chunk_note(text, "fallback", 60).chunks
+    overlapped = chunk_note(text, "fallback", 60, overlap_tokens=25).chunks
+
+    last_sentence = re.findall(r"[^。！？；\n]+[。！？；]", overlapped[0].text)[-1]
+    assert overlapped[1].text.startswith(last_sentence + "\n")
+    assert not plain[1].text.startswith(last_sentence)  # without overlap nothing repeats
+    for prev, cur in zip(overlapped, overlapped[1:]):
+        assert cur.text.startswith(re.findall(r"[^。！？；\n]+[。！？；]", prev.text)[-1])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "   \n\n\t\n", "---\ntitle: Only Meta\ntags: [x]\n---\n", "# Heading only\n", "\ufeff"],
+)
+def test_chunk_note_returns_no_chunks_for_an_empty_note(text: str) -> None:
+    assert chunk_note(text, "fallback", 200).chunks == ()
+
+
+# ---- tags ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "tags"),
+    [
+        ("We use #redis and #cache/local here.", ("redis", "cache/local")),
+        ("中文标签 #库存 也算", ("库存",)),
+        ("#start-of-line tag", ("start-of-line",)),
+        ("# Heading is not a tag", ()),
+        ("issue#12 and a#b and https://x.org/page#section", ()),
+        ("#123 is a number, #2024-review is a tag", ("2024-review",)),
+        ("```\n#incode\n```\n~~~\n#tilde\n~~~\n#real", ("real",)),
+        ("#dup #dup", ("dup",)),
+    ],
+)
+def test_chunk_note_collects_inline_tags_outside_code(body: str, tags: tuple) -> None:
+    assert chunk_note(body, "fallback", 200).tags == tags
+
+
+def test_chunk_note_puts_frontmatter_tags_before_inline_tags_without_duplicates() -> None:
+    note = chunk_note("---\ntags: [b, a]\n---\ntext #a #c\n", "fallback", 200)
+
+    assert note.tags == ("b", "a", "c")
+
+
+
+def test_chunk_note_skips_tags_in_inline_code() -> None:
+    assert chunk_note("Run `grep #todo` to list them.", "fallback", 200).tags == ()
+
+
+# ---- estimate_tokens ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("", 0), ("hello world", 2), ("你好世界", 4), ("a.b", 3), ("redis 缓存!", 4), ("snake_case_name", 1)],
+)
+def test_estimate_tokens_counts_words_cjk_characters_and_symbols(text: str, expected: int) -> None:
+    assert estimate_tokens(text) == expected
+
+
+# ---- tokenizer -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("Hello WORLD", ["hello", "world"]),
+        ("The quick fox is on the table", ["quick", "fox", "table"]),
+        ("backup-nightly.timer", ["backup-nightly.timer", "backup", "nightly", "timer"]),
+        ("edit settings.local.json", ["settings.local.json", "edit", "settings", "local", "json"]),
+        ("ERR_CONN_RESET", ["err_conn_reset", "err", "conn", "reset"]),
+        ("C++ and C#", ["c++", "c#"]),
+        ("ＡＢＣ full-width", ["full-width", "abc", "full", "width"]),
+        ("version 2 of 3", ["version", "2", "3"]),
+        ("a b c x", []),
+    ],
+)
+def test_tokenize_lowercases_latin_drops_stopwords_and_keeps_compounds_whole_and_split(
+    tokenizer: Tokenizer, text: str, tokens: list[str]
+) -> None:
+    assert tokenizer.tokenize(text) == tokens
+
+
+def test_tokenize_handles_mixed_chinese_and_english(tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.tokenize("我们的云仓WMS项目用Redis缓存, see backup-nightly.timer")
+
+    assert {"redis", "wms", "项目", "缓存", "backup-nightly.timer", "timer"} <= set(tokens)
+    assert not {"我们", "的"} & set(tokens)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["", "   ", "the and of", "What is this?", "的 了 是", "请问 怎么 的", "我们的", "!!! ??? ...", "Please tell me"],
+)
+def test_tokenize_returns_nothing_for_a_query_of_only_stopwords(tokenizer: Tokenizer, query: str) -> None:
+    assert tokenizer.tokenize(query) == []
+
+
+
+@pytest.mark.parametrize("query", ["I don't know", "don't"])
+def test_tokenize_returns_nothing_for_stopword_contractions(tokenizer: Tokenizer, query: str) -> None:
+    assert tokenizer.tokenize(query) == []
+
+
+def test_set_user_terms_makes_vault_names_single_tokens_and_returns_changes() -> None:
+    tk = Tokenizer()
+    assert "米哈游" not in tk.tokenize("米哈游面试") and "云仓wms" not in tk.tokenize("云仓WMS上线")
+
+    changed = tk.set_user_terms(["米哈游", "云仓WMS 项目"])
+
+    assert changed == {"米哈游", "云仓wms", "项目"}
+    assert "米哈游" in tk.tokenize("米哈游面试")
+    assert "云仓wms" in tk.tokenize("云仓WMS上线")
+    assert tk.set_user_terms(["米哈游", "云仓WMS 项目"]) == frozenset()
+    assert tk.set_user_terms(["云仓WMS 项目"]) == {"米哈游"}
+    assert "米哈游" not in tk.tokenize("米哈游面试")
+
+
+
+def test_set_user_terms_keeps_the_parts_of_a_mixed_term_searchable() -> None:
+    tk = Tokenizer()
+    tk.set_user_terms(["云仓WMS 项目"])
+
+    tokens = tk.tokenize("云仓WMS上线")
+
+    assert "wms" in tokens and "云仓" in tokens
+
+
+@pytest.mark.parametrize(
+    ("names", "terms"),
+    [
+        (["云仓WMS 项目", "Homelab"], {"云仓wms", "项目"}),
+        (["米"], set()),
+        (["一二三四五六七八九十一二三"], set()),
+        (["redis", "Alice Chen"], set()),
+        (["Ｍｉｈｏｙｏ米哈游"], {"mihoyo米哈游"}),
+    ],
+)
+def test_vault_terms_keeps_runs_with_cjk_within_length_limits(names: list[str], terms: set[str]) -> None:
+    assert vault_terms(names) == terms
+
+
+def test_tokenize_without_jieba_gives_cjk_unigrams_and_bigrams() -> None:
+    tk = Tokenizer(use_jieba=False)
+
+    assert not tk.uses_jieba
+    assert tk.tokenize("米哈游") == ["米", "哈", "游", "米哈", "哈游"]
+    assert tk.tokenize("云仓wms项目 Redis") == ["云", "仓", "云仓", "wms", "项", "目", "项目", "redis"]
+    assert tk.tokenize("我们的") == ["们", "们的"]  # stopwords 我, 的, 我们 dropped
+
+
+def test_tokenizer_falls_back_and_warns_when_jieba_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "jieba", None)  # makes `import jieba` raise ImportError
+
+    with caplog.at_level(logging.WARNING, logger="kb_text"):
+        tk = Tokenizer()
+
+    assert not tk.uses_jieba
+    assert tk.tokenize("米哈游") == Tokenizer(use_jieba=False).tokenize("米哈游")
+    assert any("jieba" in r.getMessage() and "pip install jieba" in r.getMessage() for r in caplog.records)
+
+
+def test_tokenizer_signature_differs_between_jieba_and_fallback(tokenizer: Tokenizer) -> None:
+    fallback = Tokenizer(use_jieba=False)
+
+    assert tokenizer.signature != fallback.signature
+    assert tokenizer.signature == Tokenizer().signature  # stable across instances
+    assert all(s.startswith(f"tok{kb_text.TOKENIZER_VERSION}-") for s in (tokenizer.signature, fallback.signature))
+
+
+def test_tokenize_with_jieba_writes_nothing_to_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    tk = Tokenizer()
+
+    tk.tokenize("第一次分词会加载词典")
+
+    assert capfd.readouterr().out == ""
