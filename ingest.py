@@ -52,8 +52,10 @@ BATCH_CHUNKS = 256
 CHINESE_VAULT_SHARE = 0.5
 # Chunks sampled to estimate the vault's language.
 LANGUAGE_SAMPLE_CHUNKS = 2000
+# Embed each chunk with its note's aliases and tags (measured in docs/retrieval.md).
+EMBED_LABELS = True
 # Parameters that decide chunk boundaries; a change re-chunks every note (vectors of unchanged text are reused).
-CHUNK_PARAMS = ("chunker", "chunk_tokens", "overlap_tokens")
+CHUNK_PARAMS = ("chunker", "embed_labels", "chunk_tokens", "overlap_tokens")
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -68,12 +70,35 @@ class _Plan:
     touched: bool = False
 
 
+def _labels(aliases: Sequence[str], tags: Sequence[str]) -> str:
+    return " · ".join([*aliases, *tags]) if EMBED_LABELS else ""
+
+
+def _embed_text(context: str, labels: str, text: str) -> str:
+    return "\n".join([context, labels, text] if labels else [context, text])
+
+
+def embed_text(c: ChunkRecord, rec: FileRecord | None) -> str:
+    """What the model embeds for a chunk: title and heading path, the note's aliases and tags, then the text.
+
+    Aliases and tags are often in the other language of a bilingual vault, which gives an English-only
+    model a handle on Chinese notes. The chunk's content hash covers exactly this text.
+    """
+    return _embed_text(c.context, _labels(rec.aliases, rec.tags) if rec else "", c.text)
+
+
 def _chroma_meta(c: ChunkRecord, state: dict[str, FileRecord]) -> dict[str, Any]:
     """Metadata stored with a vector: where the chunk is, and the content hash used to reuse its vector."""
     rec = state.get(c.path)
-    return {"path": c.path, "heading": c.heading_path, "line_start": c.line_start, "line_end": c.line_end,
-            "mtime": rec.mtime_ns // 1_000_000_000 if rec else 0, "tags": ",".join(rec.tags) if rec else "",
-            "content": c.content}
+    return {
+        "path": c.path,
+        "heading": c.heading_path,
+        "line_start": c.line_start,
+        "line_end": c.line_end,
+        "mtime": rec.mtime_ns // 1_000_000_000 if rec else 0,
+        "tags": ",".join(rec.tags) if rec else "",
+        "content": c.content,
+    }
 
 
 class Engine:
@@ -93,6 +118,7 @@ class Engine:
         self.state_path = cfg.index_dir / "state.json"
         self.params: dict[str, Any] = {
             "chunker": CHUNKER_VERSION,
+            "embed_labels": EMBED_LABELS,
             "chunk_tokens": cfg.chunk_tokens,
             "overlap_tokens": cfg.overlap_tokens,
             "model": self.embedder.name,
@@ -111,6 +137,11 @@ class Engine:
         self._file_lock = FileLock(cfg.index_dir / "lock")  # one writer at a time across processes
         self._view_loaded = False
         self._state: dict[str, FileRecord] | None = None  # state.json as last read (None: not yet)
+        self._state_stats: dict[str, tuple[int, int]] = {}
+        self._state_rework = False  # some record must be re-read (its chunking parameters changed)
+        self._view_version = 0  # bumped on every view change; keys the cached stat map below
+        self._view_stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
+        self._orphans_checked = False
         self._state_meta: dict[str, Any] = {}
         self._state_id: tuple | None = None
         self._reset_vectors = False
@@ -144,8 +175,12 @@ class Engine:
     def save_view(self) -> None:
         """Persist this process's view as the BM25 pickle (atomic), so the next process starts from it."""
         with self.mutex:
-            meta = {"params": self._view_params(), "files": dict(self.files), "chunks": dict(self.chunks),
-                    "user_terms": sorted(self.tokenizer.user_terms)}
+            meta = {
+                "params": self._view_params(),
+                "files": dict(self.files),
+                "chunks": dict(self.chunks),
+                "user_terms": sorted(self.tokenizer.user_terms),
+            }
             save_index(self.bm25, self.cfg.bm25_index_file, meta)
 
     def skipped_files(self) -> dict[str, str]:
@@ -161,14 +196,17 @@ class Engine:
         share = cjk_share("".join(sample))
         if share < CHINESE_VAULT_SHARE:
             return None
-        return (f"the vault's text is {share:.0%} Chinese but embedding.model '{self.embedder.name}' is English-only, so "
-                f"semantic search on Chinese will be weak (keyword search is unaffected). Where you can download it, "
-                f"set embedding.model to {MULTILINGUAL_SUGGESTION} and run ingest.py again.")
+        return (
+            f"the vault's text is {share:.0%} Chinese but embedding.model '{self.embedder.name}' is English-only, so "
+            f"semantic search on Chinese will be weak (keyword search is unaffected). Where you can download it, "
+            f"set embedding.model to {MULTILINGUAL_SUGGESTION} and run ingest.py again."
+        )
 
     # ---- the sync ----------------------------------------------------------------------------------------------
 
-    def _sync(self, paths: list[str | Path] | None, *, rebuild: bool = False, progress: ProgressFn | None = None,
-              write: bool = True) -> SyncReport:
+    def _sync(
+        self, paths: list[str | Path] | None, *, rebuild: bool = False, progress: ProgressFn | None = None, write: bool = True
+    ) -> SyncReport:
         t0 = time.perf_counter()
         report = SyncReport()
         full = paths is None
@@ -220,10 +258,12 @@ class Engine:
         try:
             self.vectors.reset()
             self.cfg.bm25_index_file.unlink(missing_ok=True)
-            self._state, self._state_meta = {}, {"generation": self._state_meta.get("generation", 0)}
+            self._set_state({})
+            self._state_meta = {"generation": self._state_meta.get("generation", 0)}
             self._commit_state()
             with self.mutex:
                 self.files, self.chunks, self.bm25 = {}, {}, BM25Index()
+                self._view_version += 1
                 self.tokenizer.set_user_terms(())
             report.reasons.append("rebuild requested: the index of this vault was cleared")
         finally:
@@ -237,23 +277,35 @@ class Engine:
         try:
             data = read_state_file(self.state_path)
         except ValueError as e:
-            reasons.append(f"state file {self.state_path} is unusable ({e}); re-indexing from the notes "
-                           "(vectors of unchanged text are reused)")
+            reasons.append(
+                f"state file {self.state_path} is unusable ({e}); re-indexing from the notes "
+                "(vectors of unchanged text are reused)"
+            )
             data = None
         if data is None:
-            self._state, self._state_meta = {}, {"generation": 0}
+            self._set_state({})
+            self._state_meta = {"generation": 0}
             return
         files: dict[str, FileRecord] = data.pop("files")
         old = data.get("params", {})
         if old.get("model") != self.params["model"]:
-            reasons.append(f"embedding model changed from {old.get('model')!r} to {self.params['model']!r}: re-embedding every chunk")
+            reasons.append(
+                f"embedding model changed from {old.get('model')!r} to {self.params['model']!r}: re-embedding every chunk"
+            )
             self._reset_vectors = True
             files = {}
         elif any(old.get(k) != self.params[k] for k in CHUNK_PARAMS):
             changes = ", ".join(f"{k} {old.get(k)} -> {self.params[k]}" for k in CHUNK_PARAMS if old.get(k) != self.params[k])
             reasons.append(f"chunking changed ({changes}): re-chunking every note; vectors of unchanged text are reused")
             files = {p: replace(r, md5="") for p, r in files.items()}  # md5 "" forces a re-read
-        self._state, self._state_meta = files, data
+        self._set_state(files)
+        self._state_meta = data
+
+    def _set_state(self, files: dict[str, FileRecord]) -> None:
+        """Adopt a state table, with the stat map the no-change fast path compares against."""
+        self._state = files
+        self._state_stats = {p: (r.mtime_ns, r.size) for p, r in files.items()}
+        self._state_rework = any(not (r.md5 or r.skipped) for r in files.values())
 
     def _commit_state(self) -> None:
         meta = dict(self._state_meta, params=self.params, generation=int(self._state_meta.get("generation", 0)) + 1)
@@ -273,8 +325,9 @@ class Engine:
 
     # ---- the writer: notes -> state.json + vectors ------------------------------------------------------------
 
-    def _write_sync(self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport,
-                    progress: ProgressFn | None) -> None:
+    def _write_sync(
+        self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport, progress: ProgressFn | None
+    ) -> None:
         self._refresh_state(report.reasons)
         assert self._state is not None
         work = self._work_list(disk, full)
@@ -305,10 +358,13 @@ class Engine:
                 batch = []
         if not plans and (removed or self._reset_vectors):
             self._commit_batch([], removed, report)
-        if full:
+        if full and (work or not self._orphans_checked):
             self._drop_orphans(report)
+            self._orphans_checked = True
 
     def _work_list(self, disk: dict[str, tuple[int, int] | None], full: bool) -> list[tuple[str, tuple[int, int] | None]]:
+        if full and not self._state_rework and disk == self._state_stats:
+            return []  # the common case before a search: one dict comparison instead of a loop over every note
         state = self._state or {}
         work: list[tuple[str, tuple[int, int] | None]] = []
         for path, stat in disk.items():
@@ -342,14 +398,16 @@ class Engine:
         path_key = content_hash(path)[:8]
         seen: dict[str, int] = {}
         chunks: list[ChunkRecord] = []
+        labels = _labels(parsed.aliases, parsed.tags)
         for ch in parsed.chunks:
             ctx = chunk_context(parsed.title, ch.heading_path)
-            content = content_hash(ctx, ch.text)
+            content = content_hash(_embed_text(ctx, labels, ch.text))
             n = seen[content] = seen.get(content, -1) + 1  # identical chunks within one note stay distinct
             cid = f"{path_key}-{content}" + (f"-{n}" if n else "")
             chunks.append(ChunkRecord(cid, path, ch.heading_path, ch.line_start, ch.line_end, ch.text, ctx, content))
-        record = FileRecord(stat[0], stat[1], md5, tuple(c.id for c in chunks), parsed.title, parsed.tags,
-                            parsed.aliases, encoding)
+        record = FileRecord(
+            stat[0], stat[1], md5, tuple(c.id for c in chunks), parsed.title, parsed.tags, parsed.aliases, encoding
+        )
         return _Plan(path, record, chunks)
 
     def _commit_batch(self, batch: list[_Plan], removed: list[str], report: SyncReport) -> None:
@@ -398,7 +456,7 @@ class Engine:
             if stale:
                 self.vectors.delete(sorted(stale))
                 report.chunks_deleted += len(stale)
-            self._state = state
+            self._set_state(state)
             self._commit_state()
         finally:
             self._file_lock.release()
@@ -411,8 +469,9 @@ class Engine:
             for path in removed:
                 self._view_put(path, None, ())
 
-    def _store_vectors(self, new: list[ChunkRecord], moved: list[ChunkRecord], state: dict[str, FileRecord],
-                       report: SyncReport) -> None:
+    def _store_vectors(
+        self, new: list[ChunkRecord], moved: list[ChunkRecord], state: dict[str, FileRecord], report: SyncReport
+    ) -> None:
         """Give each new chunk a vector: already stored, reused by content hash, or embedded (never twice)."""
         present = self.vectors.existing([c.id for c in new]) if new else set()
         refresh = moved + [c for c in new if c.id in present]
@@ -425,7 +484,7 @@ class Engine:
         vectors = self.vectors.vectors_by_content(sorted({c.content for c in need}))
         todo = list({c.content: c for c in need if c.content not in vectors}.values())
         if todo:
-            embedded = self.embedder.embed_documents([f"{c.context}\n{c.text}" for c in todo])
+            embedded = self.embedder.embed_documents([embed_text(c, state.get(c.path)) for c in todo])
             vectors.update({c.content: v for c, v in zip(todo, embedded)})
             report.chunks_embedded += len(todo)
         report.chunks_reused += len(need) - len(todo)
@@ -467,13 +526,27 @@ class Engine:
             return
         with self.mutex:
             self.bm25, self.files, self.chunks = index, meta["files"], meta["chunks"]
+            self._view_version += 1
             self.tokenizer.set_user_terms(meta.get("user_terms", ()))
 
     def _tokens(self, c: ChunkRecord, rec: FileRecord | None) -> list[str]:
         meta = " ".join([c.context, *(rec.tags if rec else ()), *(rec.aliases if rec else ())])
         return self.tokenizer.tokenize(c.text) + self.tokenizer.tokenize(meta) * self.cfg.metadata_weight
 
+    def _view_stat_map(self) -> dict[str, tuple[int, int]]:
+        version, stats = self._view_stats
+        if version != self._view_version:
+            stats = {p: (r.mtime_ns, r.size) for p, r in self.files.items()}
+            self._view_stats = (self._view_version, stats)
+        return stats
+
+    def _view_set(self, path: str, record: FileRecord) -> None:
+        """Replace a note's record in the view without touching its chunks (same content, new stat)."""
+        self.files[path] = record
+        self._view_version += 1
+
     def _view_put(self, path: str, record: FileRecord | None, chunks: Sequence[ChunkRecord]) -> None:
+        self._view_version += 1
         old = self.files.pop(path, None)
         for cid in old.chunks if old else ():
             self.bm25.remove(cid)
@@ -490,11 +563,18 @@ class Engine:
         self._refresh_state([] if report.vectors else report.reasons)
         state = self._state or {}
         with self.mutex:
+            if full and disk == self._view_stat_map():  # nothing differs: the no-change fast path
+                if report.did_work:
+                    self._refresh_user_terms()
+                return
             gone = [p for p, s in disk.items() if s is None and p in self.files]
             if full:
                 gone += [p for p in self.files if p not in disk]
-            todo = [(p, s) for p, s in disk.items() if s is not None
-                    and (p not in self.files or (self.files[p].mtime_ns, self.files[p].size) != s)]
+            todo = [
+                (p, s)
+                for p, s in disk.items()
+                if s is not None and (p not in self.files or (self.files[p].mtime_ns, self.files[p].size) != s)
+            ]
         changed = bool(gone)
         with self.mutex:
             for path in gone:
@@ -506,12 +586,12 @@ class Engine:
             shared = state.get(path)
             if mine and shared and mine.md5 and shared.md5 == mine.md5 and (shared.mtime_ns, shared.size) == stat:
                 with self.mutex:
-                    self.files[path] = replace(mine, mtime_ns=stat[0], size=stat[1])
+                    self._view_set(path, replace(mine, mtime_ns=stat[0], size=stat[1]))
                 continue
             plan = self._plan(path, stat, mine)
             with self.mutex:
                 if plan.touched:
-                    self.files[path] = plan.record
+                    self._view_set(path, plan.record)
                     continue
                 self._view_put(path, plan.record, plan.chunks)
             changed = True
@@ -549,8 +629,13 @@ def _progress_bar(enabled: bool) -> tuple[ProgressFn | None, Callable[[], None]]
     def update(stage: str, done: int, total: int) -> None:
         bar = bars.get(stage)
         if bar is None:
-            bar = bars[stage] = tqdm(total=total, unit="files" if stage == "read" else "chunks", file=sys.stderr,
-                                     desc="reading notes" if stage == "read" else "embedding", dynamic_ncols=True)
+            bar = bars[stage] = tqdm(
+                total=total,
+                unit="files" if stage == "read" else "chunks",
+                file=sys.stderr,
+                desc="reading notes" if stage == "read" else "embedding",
+                dynamic_ncols=True,
+            )
         bar.total = total
         bar.update(done - bar.n)
 
@@ -599,8 +684,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         out = report.as_dict()
-        out.update(kb_dir=str(cfg.kb_dir), index_dir=str(cfg.index_dir), notes=len(engine.files),
-                   chunks=len(engine.chunks), model=engine.embedder.name, warning=warning)
+        out.update(
+            kb_dir=str(cfg.kb_dir),
+            index_dir=str(cfg.index_dir),
+            notes=len(engine.files),
+            chunks=len(engine.chunks),
+            model=engine.embedder.name,
+            warning=warning,
+        )
         if not args.verbose:
             out.pop("details")
         print(json.dumps(out, ensure_ascii=False, indent=2))

@@ -120,10 +120,10 @@ FIELDS: tuple[_Field, ...] = (
     _Field("search.top_k", "top_k", int, 5, "KB_TOP_K", _range(1, 50)),
     _Field("search.mode", "search_mode", str, "hybrid", "KB_SEARCH_MODE", _one_of(SEARCH_MODES)),
     _Field("search.candidates", "candidates", int, 40, None, _range(1, 1000)),
-    _Field("search.rrf_k", "rrf_k", int, 60, None, _range(1, 1000)),
+    _Field("search.rrf_k", "rrf_k", int, 10, None, _range(1, 1000)),
     _Field("search.keyword_weight", "keyword_weight", float, 1.0, None, _range(0.0, 10.0)),
     _Field("search.semantic_weight", "semantic_weight", float, 1.0, None, _range(0.0, 10.0)),
-    _Field("search.min_cosine", "min_cosine", float, 0.35, "KB_MIN_COSINE", _range(-1.0, 1.0)),
+    _Field("search.min_cosine", "min_cosine", float, 0.25, "KB_MIN_COSINE", _range(-1.0, 1.0)),
     _Field("search.snippet_chars", "snippet_chars", int, 360, None, _range(40, 5000)),
     _Field("search.max_response_chars", "max_response_chars", int, 12_000, None, _range(1000, 200_000)),
     _Field("rerank.model", "rerank_model", str, "", "KB_RERANK_MODEL"),
@@ -161,10 +161,10 @@ class Config:
     top_k: int = 5
     search_mode: str = "hybrid"
     candidates: int = 40
-    rrf_k: int = 60
+    rrf_k: int = 10
     keyword_weight: float = 1.0
     semantic_weight: float = 1.0
-    min_cosine: float = 0.35
+    min_cosine: float = 0.25
     snippet_chars: int = 360
     max_response_chars: int = 12_000
     rerank_model: str = ""
@@ -358,7 +358,9 @@ def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "INFO") 
     import logging
     import sys
 
-    level = logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.getLevelName(default)
+    level = (
+        logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.getLevelName(default)
+    )
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -184,7 +184,8 @@ def read_state_file(path: Path) -> dict[str, Any] | None:
 
 def write_state_file(path: Path, meta: dict[str, Any], files: dict[str, FileRecord]) -> None:
     """Replace state.json atomically: the commit point of every sync."""
-    payload = dict(meta, format=STATE_FORMAT, files={p: asdict(r) for p, r in files.items()})
+    # r.__dict__, not dataclasses.asdict: asdict deep-copies and took ~0.5 s per write at 9,000 notes
+    payload = dict(meta, format=STATE_FORMAT, files={p: r.__dict__ for p, r in files.items()})
     atomic_write_text(path, json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
 
 

@@ -39,7 +39,7 @@ _LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:\+\+|#)?")
 _COMPOUND_RE = re.compile(r"[a-z0-9]+(?:[._\-/:][a-z0-9]+)+")
 _SYMBOL_RE = re.compile(f"[^\\s{_CJK}A-Za-z0-9_]")
 _WORD_RE = re.compile(r"[A-Za-z0-9_]+")
-_HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 _FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
 _INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
 _FENCED_BLOCK_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,}).*?^[ \t]{0,3}\1[ \t]*$", re.M | re.S)
@@ -54,12 +54,15 @@ EN_STOPWORDS = frozenset(
     on once only or other our ours ourselves out over own same she should so some such than that the their theirs
     them themselves then there these they this those through to too under until up very was we were what when where
     which while who whom why will with would you your yours yourself yourselves don doesn didn isn aren wasn weren
-    haven hasn hadn won wouldn shouldn couldn ll ve re tell show find know want please""".split()
+    haven hasn hadn won wouldn shouldn couldn ll ve re tell told show find know want please many much also again
+    really just still ever even get got say said thing things""".split()
 )
 ZH_STOPWORDS = frozenset(
     """的 了 是 在 和 与 及 或 也 就 都 而 着 过 被 把 让 给 对 从 向 于 以 之 其 这 那 这个 那个 这些 那些 哪 哪个 哪些
-    什么 怎么 怎样 怎么样 如何 为什么 为何 吗 呢 吧 啊 呀 哦 嗯 么 我 我们 你 你们 他 他们 她 她们 它 它们 自己 有 没有
-    没 不 很 还 又 再 一个 一下 一些 有没有 是不是 可以 能 会 要 想 请问 请 关于 一 个 当时 之前 以前 时候 多少 几""".split()
+    什么 怎么 怎样 怎么样 如何 为什么 为何 为啥 啥 咋 吗 呢 吧 啊 呀 哦 嗯 么 嘛 我 我们 你 你们 他 他们 她 她们 它 它们
+    自己 有 没有 没 不 很 还 又 再 才 就是 一个 一下 一些 有没有 是不是 是否 可以 能 会 要 想 请问 请 关于 一 个 当时 之前
+    以前 以后 之后 时候 什么时候 多少 多久 多长 多长时间 几 几个 几次 几天 几点 哪 哪天 哪里 哪儿 哪家 哪位 谁 那次 这次
+    上次 那个 这个 那些 这些 那里 这里 还是 或者 然后 因为 所以 如果 但是 而且 已经 应该 需要 记得 里 中 上 下""".split()
 )
 STOPWORDS = EN_STOPWORDS | ZH_STOPWORDS
 
@@ -228,6 +231,7 @@ class _Section:
     path: tuple[str, ...]
     start: int
     lines: list[str]
+    level: int = 0
 
 
 def _sections(lines: list[str], first_line: int) -> list[_Section]:
@@ -247,10 +251,32 @@ def _sections(lines: list[str], first_line: int) -> list[_Section]:
             while stack and stack[-1][0] >= level:
                 stack.pop()
             stack.append((level, title))
-            sections.append(_Section(tuple(t for _, t in stack), first_line + offset, [line]))
+            sections.append(_Section(tuple(t for _, t in stack), first_line + offset, [line], level))
         else:
             sections[-1].lines.append(line)
     return sections
+
+
+def list_headings(lines: list[str]) -> list[tuple[int, int, str]]:
+    """(0-based line index, level, title) of every Markdown heading, skipping frontmatter and fenced code.
+
+    The chunker's own heading parser, so appends and section reads agree with the heading paths search shows.
+    """
+    _, fm_lines, _ = parse_frontmatter("\n".join(lines))
+    return [(sec.start - 1, sec.level, sec.path[-1]) for sec in _sections(lines[fm_lines:], fm_lines + 1)[1:]]
+
+
+def find_sections(lines: list[str], title: str) -> list[tuple[int, int, int]]:
+    """Every section whose heading text equals `title` (case-insensitive; a leading "## " is ignored), as
+    (heading line index, end index exclusive: the next heading of the same or a higher level, level)."""
+    wanted = re.sub(r"^#{1,6}\s+", "", title.strip()).lower()
+    heads = list_headings(lines)
+    out = []
+    for i, level, text in heads:
+        if text.lower() == wanted:
+            end = next((j for j, lv, _ in heads if j > i and lv <= level), len(lines))
+            out.append((i, end, level))
+    return out
 
 
 def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -184,7 +184,9 @@ class CrossEncoderReranker:
             try:
                 from sentence_transformers import CrossEncoder
             except ImportError as e:
-                raise ModelUnavailableError(f"sentence-transformers is not installed ({e}); pip install -r requirements.txt") from e
+                raise ModelUnavailableError(
+                    f"sentence-transformers is not installed ({e}); pip install -r requirements.txt"
+                ) from e
             local = Path(os.path.expanduser(self.name))
             source = str(local.resolve()) if local.exists() else self.name
             try:
@@ -228,12 +230,18 @@ class VectorStore:
                 self._client = chromadb.PersistentClient(path=str(self.path), settings=Settings(anonymized_telemetry=False))
                 self._collection = self._client.get_or_create_collection(
                     COLLECTION,
-                    metadata={"hnsw:space": "cosine", "hnsw:sync_threshold": HNSW_SYNC_THRESHOLD, "hnsw:batch_size": HNSW_SYNC_THRESHOLD},
+                    metadata={
+                        "hnsw:space": "cosine",
+                        "hnsw:sync_threshold": HNSW_SYNC_THRESHOLD,
+                        "hnsw:batch_size": HNSW_SYNC_THRESHOLD,
+                    },
                     embedding_function=None,
                 )
             except Exception as e:
-                raise IndexFormatError(f"cannot open the vector store at {self.path} ({type(e).__name__}: {e}); "
-                                       "run `python ingest.py --rebuild` to recreate it") from e
+                raise IndexFormatError(
+                    f"cannot open the vector store at {self.path} ({type(e).__name__}: {e}); "
+                    "run `python ingest.py --rebuild` to recreate it"
+                ) from e
         return self._collection
 
     def reopen(self) -> None:

@@ -10,4 +10,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+import os  # noqa: E402
+
 from kb_fixtures import make_engine, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
+
+# Tests never reach Hugging Face: a model that is not on disk must fail fast, not retry over the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

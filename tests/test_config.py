@@ -94,9 +94,7 @@ def test_load_config_names_the_layer_that_set_a_bad_value(tmp_path: Path, vault:
 # ---- paths -----------------------------------------------------------------------------------------------
 
 
-def test_load_config_resolves_relative_paths_against_the_config_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_load_config_resolves_relative_paths_against_the_config_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg_dir = tmp_path / "cfg"
     (cfg_dir / "notes").mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
@@ -203,9 +201,7 @@ def test_load_config_rejects_a_missing_config_file_naming_where_it_came_from(
         ("KB_EMBED_MODEL", "my-model", "embed_model", "my-model"),
     ],
 )
-def test_load_config_coerces_env_values_to_the_key_type(
-    vault: Path, var: str, raw: str, attr: str, expected: object
-) -> None:
+def test_load_config_coerces_env_values_to_the_key_type(vault: Path, var: str, raw: str, attr: str, expected: object) -> None:
     cfg = load_config(None, env={"KB_DIR": str(vault), var: raw})
 
     value = getattr(cfg, attr)

@@ -6,18 +6,16 @@ import json
 import os
 import subprocess
 import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from kb_fixtures import REPO_ROOT, make_config
 
 import ingest
 from ingest import Engine
 from kb_config import LockTimeoutError, ModelUnavailableError
 from kb_state import FileLock
 from kb_vectors import HashEmbedder
-from kb_fixtures import REPO_ROOT, make_config
 
 
 def _vector_ids_for(engine: Engine, path: str) -> list[str]:
@@ -230,7 +228,9 @@ def test_sync_skips_note_over_size_limit(small_vault, make_engine):
 
 def test_sync_indexes_gb18030_and_broken_frontmatter_notes(small_vault, make_engine):
     (small_vault / "gbk.md").write_bytes("# 旧笔记\n\n这是一篇用 GBK 编码保存的旧笔记，讲红烧肉。\n".encode("gb18030"))
-    (small_vault / "broken.md").write_text("---\ntitle: 'unclosed\ntags: [a\n---\n# Cat\n\nThe cat weighs 5.4 kg.\n", encoding="utf-8")
+    (small_vault / "broken.md").write_text(
+        "---\ntitle: 'unclosed\ntags: [a\n---\n# Cat\n\nThe cat weighs 5.4 kg.\n", encoding="utf-8"
+    )
     engine = make_engine(small_vault)
     engine.sync_all()
     assert engine.files["gbk.md"].encoding == "gb18030"
@@ -259,9 +259,19 @@ def test_sync_reports_lock_timeout_and_keeps_keyword_view_fresh(small_vault, mak
     engine.sync_all()
     (small_vault / "inbox.md").write_text("# Inbox\n\n- quokka sighting\n", encoding="utf-8")
     other = FileLock(engine.cfg.index_dir / "lock")
-    other_proc = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
-        "print('locked', flush=True); time.sleep(30)"), str(other.path)], stdout=subprocess.PIPE, text=True)
+    other_proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+                "print('locked', flush=True); time.sleep(30)"
+            ),
+            str(other.path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert other_proc.stdout.readline().strip() == "locked"
         report = engine.sync_all()
@@ -326,7 +336,9 @@ def test_rebuild_clears_and_reindexes(small_vault, make_engine):
 
 
 def test_vault_terms_become_single_tokens_after_sync(small_vault, make_engine):
-    (small_vault / "米哈游面试.md").write_text("---\naliases: [米哈游]\n---\n# 面试\n\n米哈游的二面问了限流。\n", encoding="utf-8")
+    (small_vault / "米哈游面试.md").write_text(
+        "---\naliases: [米哈游]\n---\n# 面试\n\n米哈游的二面问了限流。\n", encoding="utf-8"
+    )
     engine = make_engine(small_vault)
     engine.sync_all()
     assert "米哈游" in engine.tokenizer.tokenize("米哈游面试")
@@ -386,14 +398,18 @@ def test_ingest_cli_exits_1_for_invalid_config(tmp_path, capsys):
 def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
     """Two real ingest processes on one index at the same time: no corruption, no duplicate vectors."""
     cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(f"kb_dir: {json.dumps(str(sample_vault))}\ndata_dir: {json.dumps(str(tmp_path / 'data'))}\n", encoding="utf-8")
+    cfg_file.write_text(
+        f"kb_dir: {json.dumps(str(sample_vault))}\ndata_dir: {json.dumps(str(tmp_path / 'data'))}\n", encoding="utf-8"
+    )
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from kb_config import load_config; from ingest import Engine; from kb_vectors import HashEmbedder;"
         "e = Engine(load_config(sys.argv[2]), HashEmbedder()); r = e.sync_all(); print(r.chunks_embedded)"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(REPO_ROOT), str(cfg_file)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(REPO_ROOT), str(cfg_file)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [int(p.communicate(timeout=180)[0].strip().splitlines()[-1]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     engine = Engine(make_config(sample_vault, tmp_path / "data"), HashEmbedder())

@@ -104,7 +104,6 @@ def test_chunk_note_takes_title_from_frontmatter_then_first_h1_then_fallback(tex
     assert chunk_note(text, "fallback", 200).title == title
 
 
-
 @pytest.mark.parametrize(
     ("text", "title"),
     [
@@ -275,7 +274,6 @@ def test_chunk_note_puts_frontmatter_tags_before_inline_tags_without_duplicates(
     assert note.tags == ("b", "a", "c")
 
 
-
 def test_chunk_note_skips_tags_in_inline_code() -> None:
     assert chunk_note("Run `grep #todo` to list them.", "fallback", 200).tags == ()
 
@@ -329,7 +327,6 @@ def test_tokenize_returns_nothing_for_a_query_of_only_stopwords(tokenizer: Token
     assert tokenizer.tokenize(query) == []
 
 
-
 @pytest.mark.parametrize("query", ["I don't know", "don't"])
 def test_tokenize_returns_nothing_for_stopword_contractions(tokenizer: Tokenizer, query: str) -> None:
     assert tokenizer.tokenize(query) == []
@@ -347,7 +344,6 @@ def test_set_user_terms_makes_vault_names_single_tokens_and_returns_changes() ->
     assert tk.set_user_terms(["米哈游", "云仓WMS 项目"]) == frozenset()
     assert tk.set_user_terms(["云仓WMS 项目"]) == {"米哈游"}
     assert "米哈游" not in tk.tokenize("米哈游面试")
-
 
 
 def test_set_user_terms_keeps_the_parts_of_a_mixed_term_searchable() -> None:

@@ -1,0 +1,838 @@
+"""Performance benchmark: full ingest, no-change sync, edit-to-searchable, search latency, server start, memory, index size.
+
+Times the product's own code paths (Engine.sync_all, Searcher.search, `mcp_server.py` over stdio) on a copy of a vault
+or a generated one, with the index in --out-dir; never touches the user's notes or index. Imports the project modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import queue
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from kb_config import KBError, load_config, setup_logging  # noqa: E402
+
+# Seed of every random choice (synthetic vault, notes edited, raw-embedding sample): runs are comparable.
+SEED = 20240611
+# Full ingests, raw-embedding runs and server starts timed to the first search when --repeat is not given.
+DEFAULT_INGEST_RUNS, DEFAULT_FIRST_SEARCH_STARTS = 3, 2
+# Server starts timed to the initialize reply (the last ones also time the first search).
+INITIALIZE_STARTS = 5
+# No-change syncs timed (the stale check before each search).
+NOCHANGE_SYNCS = 20
+# Notes edited for edit-to-searchable, and how long one may take before it counts as not found.
+EDIT_NOTES, EDIT_TIMEOUT_S = 5, 60.0
+# Timed passes over the query list per search mode (after one untimed warm-up pass).
+SEARCH_ROUNDS = 3
+# Above this many embedded chunks, raw embedder throughput is measured on a random sample of RAW_SAMPLE chunks.
+RAW_SAMPLE_ABOVE, RAW_SAMPLE = 2048, 1024
+# Searches sent to the last server process before its peak memory is read.
+SERVER_EXTRA_SEARCHES = 6
+# Longest wait for one server reply (the first search waits for the start-up sync and the model).
+SERVER_REPLY_TIMEOUT_S = 180.0
+# Dimension of the fake embedder (that of the default model, so the server's real query vectors fit the store).
+FAKE_DIM = 384
+SEARCH_MODES = ("hybrid", "keyword", "semantic")
+SEARCH_TOOL = "search_my_knowledge_base"
+# The server's first search after a cold start: a word most vaults (and the synthetic one) contain.
+FIRST_QUERY = "backup"
+
+# Generic queries any vault may or may not answer: latency is measured on hits and abstentions alike.
+QUERIES = (
+    "how to list files",
+    "backup",
+    "git undo last commit",
+    "check disk usage",
+    "find large files",
+    "network connection failed",
+    "ssh permission denied publickey",
+    "install a python package",
+    "docker container logs",
+    "compress a folder",
+    "schedule a cron job",
+    "meeting notes",
+    "project plan",
+    "kill the process using a port",
+    "change file permissions",
+    "search text in files",
+    "python virtual environment",
+    "reading list",
+    "网络连接失败怎么办",
+    "压缩文件",
+    "如何查看磁盘空间",
+    "备份数据库",
+    "撤销上一次提交",
+    "会议记录",
+    "学习计划",
+    "查找文件",
+    "修改文件权限",
+    "服务器配置",
+    "git 撤销 commit",
+    "docker 容器日志",
+    "python 虚拟环境",
+    "定时任务 cron",
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One reported number; `embedder` labels what produced it (fake-embedder numbers say so)."""
+
+    key: str
+    value: float | int | bool | str | None
+    unit: str
+    embedder: str
+    note: str = ""
+
+
+def _say(msg: str) -> None:
+    """Progress on stderr (stdout carries only the table or the JSON)."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+# ---- the synthetic vault ----------------------------------------------------------------------------------------
+
+EN_WORDS = """backup restore server client network connection timeout retry proxy firewall port socket certificate
+password key login account user group permission file folder directory path disk space partition mount volume
+archive compress extract tarball zip log error warning crash bug fix patch release version branch commit merge rebase
+remote clone push pull deploy build test pipeline container image registry cluster node pod service database table
+index query schema migration cache memory cpu process thread queue job schedule cron timer script shell terminal
+editor config setting option flag environment variable package dependency library module install upgrade python
+rust javascript docker kubernetes linux windows macos ssh git nginx postgres redis sqlite api endpoint request response
+latency throughput benchmark profile monitor alert dashboard metric report meeting agenda decision action owner
+deadline plan roadmap goal idea draft review feedback note summary reading book chapter article paper lesson habit
+health running sleep budget travel recipe family weekend project team customer vendor contract invoice""".split()
+EN_FILLER = """the a an of to in for on with by from and or but when then after before while because so that this
+it we you they is are was be can should will must may need use check make keep run""".split()
+ZH_WORDS = """网络 连接 失败 超时 重试 代理 防火墙 端口 证书 密码 密钥 登录 账号 用户 权限 文件 目录 路径 磁盘 空间 分区
+挂载 压缩 解压 归档 日志 错误 警告 崩溃 问题 修复 补丁 版本 分支 提交 合并 远程 克隆 推送 部署 构建 测试 流水线 容器
+镜像 集群 节点 服务 数据库 表格 索引 查询 迁移 缓存 内存 进程 线程 队列 任务 定时 脚本 终端 编辑器 配置 设置 选项
+环境 变量 依赖 安装 升级 接口 请求 响应 延迟 性能 监控 告警 报告 会议 议程 决定 负责人 截止 计划 目标 想法 草稿 评审
+反馈 笔记 总结 阅读 书籍 章节 文章 论文 学习 习惯 健康 跑步 睡眠 预算 旅行 菜谱 家庭 周末 项目 团队 客户 供应商 合同
+发票 服务器 备份 恢复 系统 命令 工具 方法 步骤 原因 结果 经验""".split()
+ZH_FILLER = "的 了 是 在 和 需要 可以 如果 然后 因为 所以 我们 这个 已经 应该 通过 使用 检查 发现 记录".split()
+CODE_SNIPPETS = (
+    ("bash", "ls -la ~/notes\ndu -sh * | sort -h\nfind . -name '*.md' -size +100k"),
+    ("bash", "tar -czvf backup-$(date +%F).tar.gz ~/notes\nrsync -av --delete ~/notes/ /mnt/backup/notes/"),
+    ("bash", "git reset --soft HEAD~1\ngit log --oneline -5\ngit push --force-with-lease"),
+    ("bash", "ping -c 4 example.com\ncurl -v https://example.com\nss -tlnp | grep 8080"),
+    ("bash", "docker ps -a\ndocker logs -f --tail 100 web\ndocker compose up -d"),
+    (
+        "python",
+        "import json\nfrom pathlib import Path\n\ndata = json.loads(Path('config.json').read_text())\nprint(data['port'])",
+    ),
+    ("python", "python -m venv .venv\nsource .venv/bin/activate\npip install -r requirements.txt"),
+    ("bash", "crontab -e\n0 3 * * * /usr/local/bin/backup.sh >> /var/log/backup.log 2>&1"),
+    ("sql", "SELECT id, name FROM users WHERE created_at > now() - interval '7 days' ORDER BY id;"),
+    ("bash", "chmod 600 ~/.ssh/id_ed25519\nssh -i ~/.ssh/id_ed25519 user@host\nsudo chown -R me:me /srv/app"),
+)
+TAGS = (
+    "linux",
+    "git",
+    "network",
+    "backup",
+    "python",
+    "docker",
+    "work",
+    "reading",
+    "health",
+    "meeting",
+    "项目",
+    "学习",
+    "工具",
+    "日记",
+    "database",
+    "security",
+)
+FOLDERS = ("projects", "daily", "reference", "howto", "work/meetings", "读书笔记", "inbox", "")
+
+
+def _en_sentence(rng: random.Random) -> tuple[str, int]:
+    n = rng.randint(7, 18)
+    words = [rng.choice(EN_WORDS) if rng.random() < 0.55 else rng.choice(EN_FILLER) for _ in range(n)]
+    return " ".join(words).capitalize() + rng.choice((".", ".", ".", "?", "!")), n
+
+
+def _zh_sentence(rng: random.Random) -> tuple[str, int]:
+    n = rng.randint(6, 14)
+    words = [rng.choice(ZH_WORDS) if rng.random() < 0.65 else rng.choice(ZH_FILLER) for _ in range(n)]
+    cut = rng.randint(2, n - 2)
+    return "".join(words[:cut]) + "，" + "".join(words[cut:]) + rng.choice(("。", "。", "？", "！")), n
+
+
+def _paragraph(rng: random.Random, zh_share: float) -> tuple[str, int]:
+    make = _zh_sentence if rng.random() < zh_share else _en_sentence
+    parts = [make(rng) for _ in range(rng.randint(2, 6))]
+    return ("" if make is _zh_sentence else " ").join(p for p, _ in parts), sum(n for _, n in parts)
+
+
+def _block(rng: random.Random, zh_share: float) -> tuple[str, int]:
+    r = rng.random()
+    if r < 0.2:
+        items = [(_zh_sentence if rng.random() < zh_share else _en_sentence)(rng) for _ in range(rng.randint(3, 7))]
+        return "\n".join(f"- {t}" for t, _ in items), sum(n for _, n in items)
+    if r < 0.3:
+        lang, code = rng.choice(CODE_SNIPPETS)
+        return f"```{lang}\n{code}\n```", len(code.split())
+    return _paragraph(rng, zh_share)
+
+
+def render_synthetic_note(rng: random.Random, index: int) -> tuple[str, str]:
+    """One note (vault-relative path, Markdown): frontmatter with tags, headings, lists, code, Chinese and English."""
+    zh_share = rng.choice((0.0, 0.1, 0.5, 0.5, 0.9, 1.0))
+    words_target = rng.randint(2000, 5000) if rng.random() < 0.08 else rng.randint(100, 800)
+    if zh_share >= 0.5:
+        title = "".join(rng.sample(ZH_WORDS, 2)) + rng.choice(("笔记", "记录", "总结", "方案", "问题"))
+    else:
+        title = " ".join(rng.sample(EN_WORDS, 3)).title()
+    tags = rng.sample(TAGS, rng.randint(1, 3))
+    day = f"2023-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    lines = ["---", f"title: {title}", f"tags: [{', '.join(tags)}]", f"created: {day}", "---", "", f"# {title}", ""]
+    words = 0
+    while words < words_target:
+        heading, _ = (_zh_sentence if rng.random() < zh_share else _en_sentence)(rng)
+        lines += [f"{'###' if rng.random() < 0.3 else '##'} {heading[:40].rstrip('，。？！.?! ')}", ""]
+        for _ in range(rng.randint(1, 4)):
+            text, n = _block(rng, zh_share)
+            lines += [text, ""]
+            words += n
+    folder = rng.choice(FOLDERS)
+    slug = "-".join(rng.sample(EN_WORDS, 2))
+    rel = f"{folder}/{index:05d}-{slug}.md" if folder else f"{index:05d}-{slug}.md"
+    return rel, "\n".join(lines)
+
+
+def write_synthetic_vault(root: Path, n_notes: int, seed: int = SEED) -> None:
+    """Write n_notes deterministic notes under root (same seed -> same bytes)."""
+    rng = random.Random(seed)
+    for i in range(n_notes):
+        rel, text = render_synthetic_note(rng, i)
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def prepare_vault(out_dir: Path, kb_dir: Path | None, synthetic: int | None) -> tuple[Path, str]:
+    """The vault to benchmark, always under out_dir: a copy of kb_dir (never written to) or a generated one."""
+    dest = out_dir / "vault"
+    if kb_dir is not None:
+        src = kb_dir.expanduser().resolve()
+        if not src.is_dir():
+            raise KBError(f"--kb-dir {src} is not a folder; pass your notes folder")
+        if out_dir == src or src in out_dir.parents:
+            raise KBError(
+                f"--out-dir {out_dir} is inside the vault {src}; pick an out dir outside it (the vault is never written)"
+            )
+        if src == dest or dest in src.parents:
+            raise KBError(
+                f"--kb-dir {src} lies in {dest}, which the benchmark replaces; copy it elsewhere or pick another --out-dir"
+            )
+    if dest.exists():
+        shutil.rmtree(dest)
+    if kb_dir is not None:
+        shutil.copytree(src, dest, symlinks=True)
+        return dest, f"copy of {src}"
+    dest.mkdir(parents=True)
+    write_synthetic_vault(dest, synthetic or 0)
+    return dest, f"synthetic, {synthetic} notes, seed {SEED}"
+
+
+# ---- in-process phases ------------------------------------------------------------------------------------------
+
+
+class RecordingEmbedder:
+    """Passes calls to an embedder; keeps the texts of each embed_documents call and the seconds spent embedding."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner = inner
+        self.name = name
+        self.calls: list[list[str]] = []
+        self.seconds = 0.0
+
+    def reset(self) -> None:
+        self.calls, self.seconds = [], 0.0
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        t0 = time.perf_counter()
+        out = self.inner.embed_documents(texts)
+        self.seconds += time.perf_counter() - t0
+        self.calls.append(list(texts))
+        return out
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.inner.embed_query(text)
+
+
+def _config(vault: Path, data_dir: Path) -> Any:
+    return load_config(None, env={"KB_DIR": str(vault), "KB_DATA_DIR": str(data_dir)})
+
+
+def bench_ingest(vault: Path, out_dir: Path, embedder: RecordingEmbedder, runs: int) -> tuple[Any, dict[str, Any]]:
+    """Full ingest `runs` times into fresh index folders, each followed by the bare embedder on the texts it embedded.
+
+    Interleaving keeps both measured under the same machine load. Returns the last engine (index in out_dir/data).
+    """
+    from ingest import Engine
+
+    res: dict[str, Any] = {"ingest_s": [], "embed_in_pipeline_s": [], "save_view_s": [], "raw_s": []}
+    engine: Any = None
+    for i in range(runs):
+        data_dir = out_dir / ("data" if i == runs - 1 else f"data-run{i}")
+        shutil.rmtree(data_dir, ignore_errors=True)
+        if engine is not None:
+            engine.vectors.reopen()  # drop the previous run's Chroma client before its folder goes
+            shutil.rmtree(engine.cfg.data_dir, ignore_errors=True)
+        engine = Engine(_config(vault, data_dir), embedder)
+        embedder.reset()
+        t0 = time.perf_counter()
+        res["report"] = engine.sync_all()
+        res["ingest_s"].append(time.perf_counter() - t0)
+        res["embed_in_pipeline_s"].append(embedder.seconds)
+        t0 = time.perf_counter()
+        engine.save_view()
+        res["save_view_s"].append(time.perf_counter() - t0)
+        raw_s, res["raw_note"] = time_raw_embed(embedder.inner, embedder.calls)
+        res["raw_s"].append(raw_s)
+        _say(
+            f"ingest {i + 1}/{runs}: {res['ingest_s'][-1]:.2f} s, {len(engine.files)} notes, {len(engine.chunks)} chunks, "
+            f"{res['report'].chunks_embedded} embedded ({embedder.seconds:.2f} s inside the embedder); "
+            f"bare embedder on the same texts {raw_s:.2f} s"
+        )
+    sizes = [len(c) for c in embedder.calls]
+    res["call_sizes"] = f"{min(sizes)}-{max(sizes)}" if sizes else "-"
+    return engine, res
+
+
+def time_raw_embed(inner: Any, calls: list[list[str]]) -> tuple[float, str]:
+    """Seconds the bare embedder takes for the engine's embed calls, replayed; sampled and scaled for big vaults."""
+    texts = [t for call in calls for t in call]
+    if len(texts) <= RAW_SAMPLE_ABOVE:
+        t0 = time.perf_counter()
+        for call in calls:
+            inner.embed_documents(call)
+        return time.perf_counter() - t0, "the same calls replayed"
+    sample = random.Random(SEED).sample(texts, RAW_SAMPLE)
+    size = int(statistics.median(len(c) for c in calls))
+    t0 = time.perf_counter()
+    for i in range(0, len(sample), size):
+        inner.embed_documents(sample[i : i + size])
+    elapsed = time.perf_counter() - t0
+    return elapsed * len(texts) / len(sample), (
+        f"extrapolated from a random sample of {RAW_SAMPLE} of the {len(texts)} embedded chunks, calls of {size}"
+    )
+
+
+def bench_nochange(engine: Any) -> dict[str, Any]:
+    times, embedded, did_work = [], 0, 0
+    for _ in range(NOCHANGE_SYNCS):
+        t0 = time.perf_counter()
+        report = engine.sync_all()
+        times.append(time.perf_counter() - t0)
+        embedded += report.chunks_embedded
+        did_work += report.did_work
+    return {"times": times, "embedded": embedded, "did_work": did_work}
+
+
+def bench_edits(engine: Any, searcher: Any) -> dict[str, Any]:
+    """Append a unique nonsense word to EDIT_NOTES notes; time sync + hybrid search until a hit holds the word."""
+    rng = random.Random(SEED + 1)
+    notes = sorted(p for p, r in engine.files.items() if not r.skipped and r.chunks)
+    picked = rng.sample(notes, min(EDIT_NOTES, len(notes)))
+    totals, syncs, searches, embedded, found, tries = [], [], [], [], 0, []
+    for path in picked:
+        word = "zq" + "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(10))
+        with (engine.cfg.kb_dir / path).open("a", encoding="utf-8") as f:
+            f.write(f"\n\nbench marker {word}\n")
+        t0 = time.perf_counter()
+        hit, n, sync_s, search_s, emb = False, 0, 0.0, 0.0, 0
+        while not hit and time.perf_counter() - t0 < EDIT_TIMEOUT_S:
+            n += 1
+            t1 = time.perf_counter()
+            report = engine.sync_all()
+            t2 = time.perf_counter()
+            result = searcher.search(word, mode="hybrid")
+            sync_s, search_s = sync_s + t2 - t1, search_s + time.perf_counter() - t2
+            emb += report.chunks_embedded
+            with engine.mutex:
+                hit = any(
+                    h.path == path and word in engine.chunks[h.chunk_id].text for h in result.hits if h.chunk_id in engine.chunks
+                )
+        totals.append(time.perf_counter() - t0)
+        syncs.append(sync_s)
+        searches.append(search_s)
+        embedded.append(emb)
+        tries.append(n)
+        found += hit
+    return {
+        "total": totals,
+        "sync": syncs,
+        "search": searches,
+        "embedded": embedded,
+        "found": found,
+        "edited": len(picked),
+        "tries": tries,
+    }
+
+
+def bench_search(searcher: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for mode in SEARCH_MODES:
+        for q in QUERIES:  # warm-up: jieba, model, Chroma caches
+            searcher.search(q, mode=mode)
+        times, abstained = [], 0
+        for _ in range(SEARCH_ROUNDS):
+            for q in QUERIES:
+                t0 = time.perf_counter()
+                result = searcher.search(q, mode=mode)
+                times.append(time.perf_counter() - t0)
+                abstained += result.abstained
+        out[mode] = {"times": times, "abstain_share": abstained / len(times)}
+        _say(f"search {mode}: p50 {statistics.median(times) * 1000:.1f} ms over {len(times)} searches")
+    return out
+
+
+# ---- the server subprocess --------------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """`mcp_server.py --config FILE` under a raw subprocess, spoken to with newline-delimited JSON-RPC."""
+
+    def __init__(self, config_file: Path, log_file: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}  # only the bench's config counts
+        self._log = log_file.open("ab")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO_ROOT / "mcp_server.py"), "--config", str(config_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=REPO_ROOT,
+            env=env,
+        )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._next_id = 0
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(b"")
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Send a request and wait for the reply with its id (notifications in between are skipped)."""
+        self._next_id += 1
+        rid = self._next_id
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        deadline = time.monotonic() + SERVER_REPLY_TIMEOUT_S
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise KBError(
+                    f"the server sent no reply to {method} within {SERVER_REPLY_TIMEOUT_S:.0f} s; see {self._log.name}"
+                ) from None
+            if not line:
+                raise KBError(f"the server exited (code {self.proc.poll()}) before replying to {method}; see {self._log.name}")
+            msg = json.loads(line)
+            if msg.get("id") == rid:
+                if "error" in msg:
+                    raise KBError(f"the server answered {method} with an error: {msg['error']}")
+                return msg["result"]
+
+    def search(self, query: str, mode: str | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
+        result = self.request("tools/call", {"name": SEARCH_TOOL, "arguments": args})
+        if result.get("isError"):
+            raise KBError(f"the server's search failed: {result.get('content')}")
+        return result
+
+    def peak_memory(self) -> tuple[float | None, str]:
+        """Peak resident memory (MB) while the process runs: /proc VmHWM, else psutil's current RSS."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text(encoding="utf-8").splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024, "VmHWM from /proc"
+        except OSError:
+            pass
+        try:
+            import psutil
+        except ImportError:
+            return None, ""
+        return psutil.Process(self.proc.pid).memory_info().rss / 2**20, "RSS from psutil (current, not peak)"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()  # end of input: the server shuts down
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _protocol_version() -> str:
+    try:
+        from mcp_types import LATEST_PROTOCOL_VERSION
+    except ImportError:
+        return "2025-06-18"
+    return str(LATEST_PROTOCOL_VERSION)
+
+
+def bench_server(cfg: Any, out_dir: Path, search_starts: int) -> dict[str, Any]:
+    """Cold starts: launch -> initialize reply on each; on the last `search_starts`, launch -> first search reply too.
+
+    The last start also runs a few more searches and reads the server's peak memory.
+    """
+    config_file = out_dir / "server.yaml"
+    config_file.write_text(
+        f"kb_dir: {json.dumps(str(cfg.kb_dir))}\ndata_dir: {json.dumps(str(cfg.data_dir))}\nserver:\n  log_level: INFO\n",
+        encoding="utf-8",
+    )
+    log_file = out_dir / "server.log"
+    log_file.unlink(missing_ok=True)
+    init = {"protocolVersion": _protocol_version(), "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+    res: dict[str, Any] = {
+        "init": [],
+        "first_from_launch": [],
+        "first_call": [],
+        "still_indexing": 0,
+        "first_hits": [],
+        "memory_mb": None,
+        "memory_source": "",
+    }
+    starts = max(INITIALIZE_STARTS, search_starts)
+    for i in range(starts):
+        server = ServerProcess(config_file, log_file)
+        try:
+            server.request("initialize", init)
+            res["init"].append(time.perf_counter() - server.started)
+            if i < starts - search_starts:
+                _say(f"server start {i + 1}/{starts}: initialize {res['init'][-1]:.2f} s")
+                continue
+            server.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            t_call = time.perf_counter()
+            result = server.search(FIRST_QUERY)
+            t_done = time.perf_counter()
+            res["first_from_launch"].append(t_done - server.started)
+            res["first_call"].append(t_done - t_call)
+            data = result.get("structuredContent") or {}
+            res["first_hits"].append(len(data.get("hits", [])))
+            res["still_indexing"] += any("still running" in n for n in data.get("notes", []))
+            _say(
+                f"server start {i + 1}/{starts}: initialize {res['init'][-1]:.2f} s, first search "
+                f"{res['first_from_launch'][-1]:.2f} s after launch ({res['first_call'][-1]:.2f} s for the call)"
+            )
+            if i == starts - 1:
+                for j in range(SERVER_EXTRA_SEARCHES):
+                    server.search(QUERIES[(j * 5 + 1) % len(QUERIES)], SEARCH_MODES[j % len(SEARCH_MODES)])
+                res["memory_mb"], res["memory_source"] = server.peak_memory()
+        finally:
+            server.close()
+    if res["memory_mb"] is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        res["memory_mb"] = peak / (2**20 if sys.platform == "darwin" else 1024)
+        res["memory_source"] = "ru_maxrss of the largest child (resource)"
+    return res
+
+
+def disk_usage_mb(path: Path) -> float:
+    """Like `du`: allocated blocks where the OS reports them, else file sizes."""
+    if not path.exists():
+        return 0.0
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    total = 0
+    for p in files:
+        st = p.stat()
+        total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+    return total / 2**20
+
+
+def _self_peak_mb() -> float | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 1024)
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+
+def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Every phase in order; returns {"env": ..., "metrics": {key: {value, unit, embedder, note}}}."""
+    from kb_search import Searcher
+    from kb_vectors import HashEmbedder, SentenceTransformerEmbedder
+
+    ingest_runs = args.repeat or DEFAULT_INGEST_RUNS
+    search_starts = args.repeat or DEFAULT_FIRST_SEARCH_STARTS
+    vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
+    _say(f"vault: {vault} ({source})")
+    base_cfg = _config(vault, out_dir / "data")
+    metrics: list[Metric] = []
+    model_load_s = None
+    if args.fake_embedder:
+        inner: Any = HashEmbedder(dim=FAKE_DIM)
+        # Stored under the configured model's name so the server subprocess (real model) takes the index as current.
+        label = "fake-embedder"
+        embedder = RecordingEmbedder(inner, base_cfg.embed_model)
+    else:
+        inner = SentenceTransformerEmbedder(base_cfg.embed_model, base_cfg.embed_device, base_cfg.embed_batch_size)
+        label = base_cfg.embed_model
+        t0 = time.perf_counter()
+        inner.load()
+        inner.embed_documents(["warm-up", "模型预热"])  # first call pays one-off torch set-up
+        model_load_s = time.perf_counter() - t0
+        embedder = RecordingEmbedder(inner, inner.name)
+    import chromadb  # noqa: F401  (a one-off import, kept out of the ingest timings like the model load)
+
+    def add(key: str, value: Any, unit: str, note: str = "", by: str | None = None) -> None:
+        metrics.append(Metric(key, value, unit, by or label, note))
+
+    engine, ing = bench_ingest(vault, out_dir, embedder, ingest_runs)
+    chunks, n_embedded = len(engine.chunks), ing["report"].chunks_embedded
+    ingest_s, raw_s = statistics.median(ing["ingest_s"]), statistics.median(ing["raw_s"])
+    add(
+        "ingest_s",
+        ingest_s,
+        "s",
+        f"median of {ingest_runs} full ingests (Engine.sync_all on an empty index; "
+        "model load and chromadb import excluded, jieba set-up included)",
+    )
+    add("ingest_chunks_per_s", chunks / ingest_s if ingest_s else None, "chunks/s")
+    add("ingest_embed_s", statistics.median(ing["embed_in_pipeline_s"]), "s", "time inside embed_documents during ingest")
+    add("save_view_s", statistics.median(ing["save_view_s"]), "s", "Engine.save_view (BM25 pickle) after ingest")
+    add(
+        "raw_embed_s",
+        raw_s,
+        "s",
+        f"bare embed_documents after each ingest (engine calls of {ing['call_sizes']} texts); {ing['raw_note']}",
+    )
+    add("raw_embed_chunks_per_s", n_embedded / raw_s if raw_s else None, "chunks/s")
+    add("pipeline_overhead", ingest_s / raw_s - 1 if raw_s else None, "ratio", "ingest_s / raw_embed_s - 1")
+    in_run = [t / e - 1 for t, e in zip(ing["ingest_s"], ing["embed_in_pipeline_s"]) if e]
+    add(
+        "pipeline_overhead_in_run",
+        _median(in_run),
+        "ratio",
+        "ingest_s / ingest_embed_s - 1, within the same runs (steadier than pipeline_overhead on a busy machine)",
+    )
+    add(
+        "ingest_outside_embedder_s",
+        statistics.median(t - e for t, e in zip(ing["ingest_s"], ing["embed_in_pipeline_s"])),
+        "s",
+        "ingest time not spent in embed_documents: scan, chunking, BM25, Chroma, state.json",
+    )
+    if model_load_s is not None:
+        add("model_load_s", model_load_s, "s", "load + first encode, before the ingest timings")
+
+    _say(f"no-change sync x{NOCHANGE_SYNCS}")
+    nc = bench_nochange(engine)
+    add("nochange_sync_ms", statistics.median(nc["times"]) * 1000, "ms", f"median of {NOCHANGE_SYNCS} Engine.sync_all()")
+    add("nochange_sync_p95_ms", _p95(nc["times"]) * 1000, "ms")
+    add("nochange_sync_chunks_embedded", nc["embedded"], "chunks", f"total over {NOCHANGE_SYNCS} syncs (must be 0)")
+
+    searcher = Searcher(engine)
+    _say(f"edit-to-searchable on {EDIT_NOTES} notes")
+    ed = bench_edits(engine, searcher)
+    add(
+        "edit_to_searchable_ms", (_median(ed["total"]) or 0) * 1000, "ms", f"median of {ed['edited']} notes: sync + hybrid search"
+    )
+    add("edit_sync_ms", (_median(ed["sync"]) or 0) * 1000, "ms", "the sync part")
+    add("edit_search_ms", (_median(ed["search"]) or 0) * 1000, "ms", "the search part")
+    add("edit_chunks_embedded", _median(ed["embedded"]), "chunks", "median per edit")
+    add("edit_found", ed["found"], "notes", f"of {ed['edited']} edited notes, the word was found")
+    add("edit_notes", ed["edited"], "notes")
+    add("edit_max_tries", max(ed["tries"], default=0), "syncs", "sync+search rounds until found (1 = at once)")
+
+    _say(f"search latency: {len(QUERIES)} queries x {SEARCH_ROUNDS} rounds x {len(SEARCH_MODES)} modes")
+    for mode, s in bench_search(searcher).items():
+        add(f"search_{mode}_p50_ms", statistics.median(s["times"]) * 1000, "ms", f"warm, {len(s['times'])} searches")
+        add(f"search_{mode}_p95_ms", _p95(s["times"]) * 1000, "ms")
+        add(f"search_{mode}_abstain_share", s["abstain_share"], "share", "searches with no hit past the relevance gate")
+
+    engine.save_view()  # the server should start from a current keyword view, as after ingest.py
+    index_dir = engine.cfg.index_dir
+    add("index_total_mb", disk_usage_mb(index_dir), "MB", str(index_dir))
+    add("index_chroma_mb", disk_usage_mb(index_dir / "chroma"), "MB")
+    add("index_bm25_mb", disk_usage_mb(engine.cfg.bm25_index_file), "MB")
+    add("index_state_mb", disk_usage_mb(index_dir / "state.json"), "MB")
+    add("bench_peak_rss_mb", _self_peak_mb(), "MB", "this benchmark process (ru_maxrss)")
+
+    server_label = f"{base_cfg.embed_model} (server)" + (", over fake-embedder vectors" if args.fake_embedder else "")
+    _say(f"server: {max(INITIALIZE_STARTS, search_starts)} cold starts of mcp_server.py, {search_starts} to the first search")
+    sv = bench_server(engine.cfg, out_dir, search_starts)
+    add(
+        "server_initialize_ms",
+        statistics.median(sv["init"]) * 1000,
+        "ms",
+        f"launch -> initialize reply, median of {len(sv['init'])} starts",
+        by=server_label,
+    )
+    add(
+        "server_first_search_from_launch_ms",
+        statistics.median(sv["first_from_launch"]) * 1000,
+        "ms",
+        f"launch -> reply to the first search (sent right after initialize), median of {search_starts}",
+        by=server_label,
+    )
+    add(
+        "server_first_search_call_ms",
+        statistics.median(sv["first_call"]) * 1000,
+        "ms",
+        "that first tools/call alone",
+        by=server_label,
+    )
+    add("server_first_search_hits", _median(sv["first_hits"]), "hits", f"query {FIRST_QUERY!r}", by=server_label)
+    add(
+        "server_first_search_still_indexing",
+        sv["still_indexing"],
+        "starts",
+        "first searches answered before the start-up sync finished",
+        by=server_label,
+    )
+    add(
+        "server_peak_rss_mb",
+        sv["memory_mb"],
+        "MB",
+        f"after {SERVER_EXTRA_SEARCHES + 1} searches; {sv['memory_source']}",
+        by=server_label,
+    )
+
+    env = {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "vault": source,
+        "out_dir": str(out_dir),
+        "notes": len(engine.files),
+        "chunks": chunks,
+        "chunks_embedded": n_embedded,
+        "embedder": f"HashEmbedder(dim={FAKE_DIM})" if args.fake_embedder else base_cfg.embed_model,
+        "fake_embedder": bool(args.fake_embedder),
+        "embed_batch_size": base_cfg.embed_batch_size,
+        "chunk_tokens": base_cfg.chunk_tokens,
+        "queries": len(QUERIES),
+        "ingest_runs": ingest_runs,
+        "server_starts": max(INITIALIZE_STARTS, search_starts),
+        "server_first_search_starts": search_starts,
+    }
+    return {
+        "env": env,
+        "metrics": {m.key: {"value": m.value, "unit": m.unit, "embedder": m.embedder, "note": m.note} for m in metrics},
+    }
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    env, metrics = result["env"], result["metrics"]
+    fake = " [FAKE: numbers marked fake-embedder measure index mechanics only]" if env["fake_embedder"] else ""
+    head = (
+        f"second-brain-mcp bench: {env['vault']}; {env['notes']} notes, {env['chunks']} chunks; embedder "
+        f"{env['embedder']}{fake}; {env['cpus_usable']} CPUs, Python {env['python']}"
+    )
+    rows = [("metric", "value", "unit", "embedder", "note")] + [
+        (k, _fmt(m["value"]), m["unit"], m["embedder"], m["note"]) for k, m in metrics.items()
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [head, ""]
+    for r in rows:
+        lines.append("  ".join(r[i].ljust(widths[i]) if i != 1 else r[i].rjust(widths[i]) for i in range(4)) + "  " + r[4])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="eval/bench.py",
+        description="Benchmark indexing and search on a copy of a vault or a generated one: full ingest (and its overhead "
+        "over the bare embedder), no-change sync, edit-to-searchable, search latency per mode, MCP server start and "
+        "first search, peak memory, index size. The index goes into --out-dir; your notes and index are never touched.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="examples:\n  python eval/bench.py --synthetic 50 --fake-embedder --json\n"
+        "  python eval/bench.py --kb-dir ~/notes --repeat 1 --out-dir /tmp/kb-bench",
+    )
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--kb-dir", type=Path, help="benchmark a copy of this vault (copied into --out-dir, never written)")
+    src.add_argument("--synthetic", type=int, metavar="N_NOTES", help="generate a deterministic vault of this many notes")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--fake-embedder",
+        action="store_true",
+        help=f"HashEmbedder(dim={FAKE_DIM}) instead of the model: index mechanics at scale, no model cost",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help=f"runs of the expensive phases: full ingest, raw embedding, server start to first search "
+        f"(default: {DEFAULT_INGEST_RUNS} ingests, {DEFAULT_FIRST_SEARCH_STARTS} first searches; "
+        f"initialize is always timed on at least {INITIALIZE_STARTS} starts)",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, help="work folder for the vault copy and the index (default: a temp dir, removed after)"
+    )
+    args = parser.parse_args(argv)
+    if args.synthetic is not None and args.synthetic < 1:
+        parser.error("--synthetic needs at least 1 note")
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat needs at least 1")
+    setup_logging(default="WARNING")
+    temp = args.out_dir is None
+    out_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) if temp else args.out_dir.expanduser().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_bench(args, out_dir)
+    except KBError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if temp:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    print(json.dumps(result, ensure_ascii=False, indent=2) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

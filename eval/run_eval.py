@@ -1,0 +1,269 @@
+"""Retrieval evaluation: index a vault into a temporary index and score the product's search on a golden set.
+
+Every question goes through kb_search.Searcher.search, the code path of the MCP tool; `grep` is a no-index baseline.
+Usage: python eval/run_eval.py --kb-dir DIR --golden FILE.jsonl [--modes hybrid,keyword,semantic,grep] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kb_config import KBError, load_config, setup_logging
+
+MODES = ("hybrid", "keyword", "semantic", "grep")
+# Ranks scored: NDCG and recall at 5, MRR at 10 (file level).
+K_NDCG, K_MRR = 5, 10
+REQUIRED_KEYS = {"id", "lang", "cls", "q", "gold"}
+
+
+def load_golden(path: Path) -> list[dict[str, Any]]:
+    """Read and check a golden file: one JSON object per line with id, lang, cls, q, gold."""
+    questions = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise KBError(f"{path}:{n} is not JSON ({e})") from e
+        missing = REQUIRED_KEYS - set(item)
+        if missing:
+            raise KBError(f"{path}:{n} lacks {', '.join(sorted(missing))}; each line needs {', '.join(sorted(REQUIRED_KEYS))}")
+        questions.append(item)
+    if not questions:
+        raise KBError(f"{path} holds no questions")
+    return questions
+
+
+def ndcg(ranked: list[str], gold: list[str], k: int = K_NDCG) -> float:
+    dcg = sum(1 / math.log2(i + 2) for i, p in enumerate(ranked[:k]) if p in gold)
+    ideal = sum(1 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    return dcg / ideal if ideal else 0.0
+
+
+def mrr(ranked: list[str], gold: list[str], k: int = K_MRR) -> float:
+    return next((1 / (i + 1) for i, p in enumerate(ranked[:k]) if p in gold), 0.0)
+
+
+def recall(ranked: list[str], gold: list[str], k: int = K_NDCG) -> float:
+    return len(set(ranked[:k]) & set(gold)) / len(gold) if gold else 0.0
+
+
+def collapse(paths: list[str]) -> list[str]:
+    """Hits collapsed to their note, first rank kept."""
+    return list(dict.fromkeys(paths))
+
+
+def grep_rank(engine: Any, query: str) -> tuple[list[str], bool]:
+    """Baseline without an index: notes ranked by how many distinct query terms their text contains."""
+    terms = list(dict.fromkeys(engine.tokenizer.tokenize(query)))
+    counts: dict[str, int] = defaultdict(int)
+    texts: dict[str, list[str]] = defaultdict(list)
+    for c in engine.chunks.values():
+        texts[c.path].append(c.text.lower())
+    for path, parts in texts.items():
+        body = "\n".join(parts)
+        counts[path] = sum(1 for t in terms if t in body)
+    ranked = sorted((p for p, n in counts.items() if n), key=lambda p: (-counts[p], p))
+    return ranked, not ranked
+
+
+def run_mode(searcher: Any, mode: str, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for q in questions:
+        t0 = time.perf_counter()
+        if mode == "grep":
+            ranked, abstained = grep_rank(searcher.engine, q["q"])
+        else:
+            result = searcher.search(q["q"], top_k=K_MRR, mode=mode)
+            ranked, abstained = collapse([h.path for h in result.hits]), result.abstained
+        ms = (time.perf_counter() - t0) * 1000
+        rows.append(
+            {
+                "id": q["id"],
+                "lang": q["lang"],
+                "cls": q["cls"],
+                "gold": q["gold"],
+                "ranked": ranked[:K_MRR],
+                "abstained": abstained,
+                "ms": ms,
+            }
+        )
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    answerable = [r for r in rows if r["gold"]]
+    offtopic = [r for r in rows if not r["gold"]]
+    out: dict[str, Any] = {"n": len(rows), "answerable": len(answerable), "offtopic": len(offtopic)}
+    if answerable:
+        out["ndcg@5"] = statistics.fmean(ndcg(r["ranked"], r["gold"]) for r in answerable)
+        out["mrr@10"] = statistics.fmean(mrr(r["ranked"], r["gold"]) for r in answerable)
+        out["recall@5"] = statistics.fmean(recall(r["ranked"], r["gold"]) for r in answerable)
+        out["false_abstain"] = sum(r["abstained"] for r in answerable) / len(answerable)
+    if offtopic:
+        out["abstain"] = sum(r["abstained"] for r in offtopic) / len(offtopic)
+    return out
+
+
+def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Overall, per lang and per cls metrics, plus latency."""
+    ms = sorted(r["ms"] for r in rows)
+    res: dict[str, Any] = {
+        "overall": summarize(rows),
+        "latency_ms": {"p50": statistics.median(ms), "p95": ms[min(len(ms) - 1, math.ceil(0.95 * len(ms)) - 1)]},
+    }
+    for key in ("lang", "cls"):
+        res[f"by_{key}"] = {v: summarize([r for r in rows if r[key] == v]) for v in sorted({r[key] for r in rows})}
+    return res
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def print_table(results: dict[str, dict[str, Any]]) -> None:
+    cols = ["ndcg@5", "mrr@10", "recall@5", "false_abstain", "abstain"]
+    print(f"{'mode':9} {'slice':16} {'n':>3} " + " ".join(f"{c:>13}" for c in cols))
+    for mode, res in results.items():
+        slices = (
+            [("overall", res["overall"])]
+            + [(f"lang={k}", v) for k, v in res["by_lang"].items()]
+            + [(f"cls={k}", v) for k, v in res["by_cls"].items()]
+        )
+        for name, s in slices:
+            print(f"{mode:9} {name:16} {s['n']:>3} " + " ".join(f"{_fmt(s.get(c, '-')):>13}" for c in cols))
+        lat = res["latency_ms"]
+        print(f"{mode:9} latency ms p50 {lat['p50']:.1f}  p95 {lat['p95']:.1f}\n")
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """--set key=value pairs (dotted config keys) into overrides; values parsed as YAML scalars."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise KBError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def apply_tweaks(tweaks: dict[str, Any]) -> None:
+    """Set module constants (experiments documented in docs/retrieval.md); refuses names that do not exist."""
+    import importlib
+
+    for dotted, value in tweaks.items():
+        module_name, _, name = dotted.rpartition(".")
+        module = importlib.import_module(module_name)
+        if not hasattr(module, name):
+            raise KBError(f"--tweak {dotted}: {module_name} has no constant {name}")
+        setattr(module, name, value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="run_eval.py",
+        description="Score second-brain-mcp's search on a golden question set (NDCG@5, MRR@10, Recall@5 at note level, "
+        "abstain rates, latency) per mode, overall, per language and per class. Indexes into a temporary folder.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python eval/run_eval.py --kb-dir examples/sample_kb --golden eval/golden_sample_kb.jsonl",
+    )
+    parser.add_argument("--kb-dir", type=Path, required=True, help="the vault to index (read only)")
+    parser.add_argument("--golden", type=Path, required=True, help="golden questions, JSON lines")
+    parser.add_argument("--modes", default="hybrid,keyword,semantic,grep", help="comma-separated subset of " + ",".join(MODES))
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument("--index-dir", type=Path, help="where to build the index (default: a new temporary folder)")
+    parser.add_argument(
+        "--config", type=Path, help="take model and search settings from this config (kb_dir/data_dir are replaced)"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. search.rrf_k=20"
+    )
+    parser.add_argument("--per-question", action="store_true", help="also print each question's ranked notes")
+    parser.add_argument(
+        "--tweak",
+        action="append",
+        default=[],
+        metavar="MODULE.CONSTANT=VALUE",
+        help="for experiments: override a module constant, e.g. kb_search.MIN_KEYWORD_COVERAGE=0.4",
+    )
+    args = parser.parse_args(argv)
+    setup_logging(0, True)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        parser.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    try:
+        questions = load_golden(args.golden)
+        index_dir = args.index_dir or Path(tempfile.mkdtemp(prefix="kb-eval-"))
+        overrides = {"kb_dir": str(args.kb_dir.resolve()), "data_dir": str(index_dir.resolve()), **parse_sets(args.set)}
+        cfg = load_config(args.config, env={}, overrides=overrides)
+        apply_tweaks(parse_sets(args.tweak))
+        from ingest import Engine
+        from kb_search import Searcher
+
+        engine = Engine(cfg)
+        t0 = time.perf_counter()
+        sync = engine.sync_all()
+        if engine.model_error and any(m in ("hybrid", "semantic") for m in modes):
+            raise KBError(engine.model_error)
+        index_s = time.perf_counter() - t0
+        searcher = Searcher(engine)
+        searcher.search("warm up", mode="hybrid" if "hybrid" in modes else "keyword")
+        results = {mode: report(rows := run_mode(searcher, mode, questions)) | {"rows": rows} for mode in modes}
+    except KBError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    meta = {
+        "kb_dir": str(cfg.kb_dir),
+        "golden": str(args.golden),
+        "questions": len(questions),
+        "notes": len(engine.files),
+        "chunks": len(engine.chunks),
+        "model": engine.embedder.name,
+        "index_s": round(index_s, 1),
+        "chunks_embedded": sync.chunks_embedded,
+        "overrides": parse_sets(args.set),
+        "tweaks": parse_sets(args.tweak),
+    }
+    if args.json:
+        out = {
+            "meta": meta,
+            "modes": {m: {k: v for k, v in r.items() if k != "rows" or args.per_question} for m, r in results.items()},
+        }
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+        return 0
+    print(
+        f"{meta['notes']} notes, {meta['chunks']} chunks, model {meta['model']}, {len(questions)} questions "
+        f"(indexed in {index_s:.1f} s)\n"
+    )
+    print_table({m: r for m, r in results.items()})
+    if args.per_question:
+        for mode, r in results.items():
+            for row in r["rows"]:
+                mark = (
+                    "ok "
+                    if (row["ranked"][:1] and row["ranked"][0] in row["gold"]) or (not row["gold"] and row["abstained"])
+                    else "MISS"
+                )
+                print(
+                    f"{mode:8} {mark} {row['id']:7} {row['cls']:10} gold={row['gold'][:2]} got={row['ranked'][:3]} abst={row['abstained']}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

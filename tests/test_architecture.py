@@ -1,0 +1,131 @@
+"""Conventions that keep the project honest: import direction, stdout hygiene, and documentation that matches the code."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kb_config import FIELDS
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+# Which project modules each module may import (STYLE.md section 1). Entry scripts may import anything below them.
+ALLOWED = {
+    "kb_config": set(),
+    "kb_scan": {"kb_config"},
+    "kb_text": {"kb_config"},
+    "kb_state": {"kb_config"},
+    "kb_vectors": {"kb_config"},
+    "bm25_index": {"kb_config", "kb_text"},
+    "ingest": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors"},
+    "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
+    "kb_write": {"kb_config", "kb_scan", "kb_text", "kb_state"},
+    "mcp_server": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest", "kb_search", "kb_write"},
+    "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
+}
+PROJECT = set(ALLOWED)
+# Imported by the server process: nothing here may print to stdout (it is the MCP protocol).
+SERVER_SIDE = ["kb_config", "kb_scan", "kb_text", "kb_state", "kb_vectors", "bm25_index", "ingest", "kb_search", "kb_write"]
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse((REPO / f"{module}.py").read_text(encoding="utf-8"))
+
+
+def _imports(module: str) -> set[str]:
+    found = set()
+    for node in ast.walk(_tree(module)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & PROJECT
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_module_imports_only_layers_below_it(module):
+    assert _imports(module) <= ALLOWED[module], f"{module} imports {_imports(module) - ALLOWED[module]}"
+
+
+def test_every_top_level_module_is_in_the_layer_table():
+    modules = {p.stem for p in REPO.glob("*.py")}
+    assert modules == PROJECT
+
+
+@pytest.mark.parametrize("module", SERVER_SIDE)
+def test_server_side_module_never_prints_to_stdout(module):
+    """print() is allowed only with file=sys.stderr, or inside a CLI main() (never run by the server)."""
+    tree = _tree(module)
+    mains = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    in_main = {id(n) for m in mains for n in ast.walk(m)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print" and id(node) not in in_main:
+            target = next((ast.unparse(k.value) for k in node.keywords if k.arg == "file"), "")
+            assert target == "sys.stderr", f"{module}.py:{node.lineno} prints to stdout"
+
+
+def test_every_config_key_is_in_example_file_and_readme():
+    example = yaml.safe_load((REPO / "config.example.yaml").read_text(encoding="utf-8"))
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    keys = {f.key for f in FIELDS}
+    assert set(flat(example)) == keys
+    missing = [k for k in keys if f"`{k}`" not in README]
+    assert not missing, f"README lacks config keys {missing}"
+
+
+def test_every_env_var_is_documented():
+    from kb_config import ENV_CONFIG
+
+    names = {f.env for f in FIELDS if f.env} | {ENV_CONFIG}
+    comment = (REPO / "kb_config.py").read_text(encoding="utf-8")
+    assert not [n for n in names if f"`{n}`" not in README], "README lacks an environment variable"
+    assert not [n for n in names if f"#   {n}" not in comment], "kb_config's comment block lacks an environment variable"
+
+
+@pytest.mark.parametrize("script", ["ingest.py", "mcp_server.py", "watcher.py", "eval/run_eval.py", "eval/bench.py"])
+def test_every_cli_flag_is_documented(script):
+    out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", out.stdout)) - {"--help"}
+    assert flags
+    missing = sorted(f for f in flags if f not in README)
+    assert not missing, f"README lacks {script} flags {missing}"
+
+
+def test_every_tool_and_tool_argument_is_documented(small_vault, tmp_path):
+    import anyio
+    from kb_fixtures import make_config
+
+    import mcp_server
+
+    server = mcp_server.build_server(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data")))
+    tools = anyio.run(server.list_tools)
+    assert len(tools) == 5
+    for tool in tools:
+        assert f"`{tool.name}`" in README
+        row = next(line for line in README.splitlines() if line.startswith(f"| `{tool.name}`"))
+        assert all(f"`{arg}" in row for arg in tool.input_schema.get("properties", {})), tool.name
+
+
+def test_readme_quick_start_has_install_and_test_commands_and_ci_runs_the_test_one():
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.+?)\n```", quick, re.S)
+    assert len(blocks) == 2
+    install, test = blocks
+    assert "pip install -r requirements.txt" in install and "ingest.py" in install and "--search" in install
+    assert "pytest" in test
+    assert test.strip() in (REPO / ".ci" / "run").read_text(encoding="utf-8")

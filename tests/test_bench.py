@@ -1,0 +1,101 @@
+"""eval/bench.py: a tiny synthetic run reports every metric with sane values (work asserted, never wall time)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from kb_fixtures import REPO_ROOT
+
+from kb_config import KBError
+
+BENCH = REPO_ROOT / "eval" / "bench.py"
+TIME_KEYS = (
+    "ingest_s",
+    "ingest_embed_s",
+    "save_view_s",
+    "raw_embed_s",
+    "nochange_sync_ms",
+    "edit_to_searchable_ms",
+    "edit_sync_ms",
+    "search_hybrid_p50_ms",
+    "search_hybrid_p95_ms",
+    "search_keyword_p50_ms",
+    "search_keyword_p95_ms",
+    "search_semantic_p50_ms",
+    "search_semantic_p95_ms",
+    "server_initialize_ms",
+    "server_first_search_from_launch_ms",
+    "server_first_search_call_ms",
+)
+SIZE_KEYS = ("index_total_mb", "index_chroma_mb", "index_bm25_mb", "index_state_mb", "server_peak_rss_mb")
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("eval_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["eval_bench"] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_reports_every_metric_for_tiny_synthetic_vault(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--synthetic", "50", "--fake-embedder", "--json", "--repeat", "1", "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(proc.stdout)
+    env, metrics = data["env"], data["metrics"]
+    value = {k: m["value"] for k, m in metrics.items()}
+    assert env["notes"] == 50 and env["chunks"] > 0 and env["chunks_embedded"] == env["chunks"]
+    assert env["fake_embedder"] is True and env["cpu_count"] >= 1 and env["python"]
+    for key in TIME_KEYS + SIZE_KEYS:
+        assert value[key] > 0, key
+    assert value["server_first_search_call_ms"] <= value["server_first_search_from_launch_ms"]
+    assert value["search_hybrid_p50_ms"] <= value["search_hybrid_p95_ms"]
+    assert value["ingest_chunks_per_s"] > 0 and value["raw_embed_chunks_per_s"] > 0
+    assert value["pipeline_overhead"] > -1
+    assert value["nochange_sync_chunks_embedded"] == 0
+    assert value["edit_found"] == value["edit_notes"] == 5 and value["edit_chunks_embedded"] >= 1
+    assert 0 <= value["search_hybrid_abstain_share"] <= 1
+    # Every number produced with the fake embedder says so; the server's ones name the real model.
+    assert all(m["embedder"] == "fake-embedder" for k, m in metrics.items() if not k.startswith("server_"))
+    assert all("over fake-embedder vectors" in m["embedder"] for k, m in metrics.items() if k.startswith("server_"))
+    assert (out / "vault").is_dir() and (out / "data").is_dir()
+
+
+def test_bench_synthetic_vault_is_deterministic_and_mixed(tmp_path):
+    bench = _load_bench()
+    bench.write_synthetic_vault(tmp_path / "a", 30)
+    bench.write_synthetic_vault(tmp_path / "b", 30)
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.md"))
+    assert len(files_a) == 30
+    assert files_a == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.md"))
+    texts = [(tmp_path / "a" / p).read_text(encoding="utf-8") for p in files_a]
+    assert texts == [(tmp_path / "b" / p).read_text(encoding="utf-8") for p in files_a]
+    assert all(t.startswith("---\ntitle: ") and "\ntags: [" in t and "\n## " in t for t in texts)
+    joined = "\n".join(texts)
+    assert "```" in joined and "\n- " in joined and "### " in joined
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in joined) and "backup" in joined
+
+
+def test_bench_copies_kb_dir_and_never_writes_into_it(tmp_path):
+    bench = _load_bench()
+    src = tmp_path / "notes"
+    src.mkdir()
+    (src / "a.md").write_text("# A\n\nbackup notes\n", encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    vault, _ = bench.prepare_vault(out, src, None)
+    assert vault == out / "vault" and (vault / "a.md").read_text(encoding="utf-8") == "# A\n\nbackup notes\n"
+    with pytest.raises(KBError):
+        bench.prepare_vault(src / "bench", src, None)  # an out dir inside the vault is refused
+    assert sorted(p.name for p in src.iterdir()) == ["a.md"]
