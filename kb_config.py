@@ -111,7 +111,7 @@ FIELDS: tuple[_Field, ...] = (
     _Field("ignore", "ignore", list, [], None, _str_list),
     _Field("max_file_bytes", "max_file_bytes", int, 2_000_000, None, _range(1)),
     _Field("chunking.chunk_tokens", "chunk_tokens", int, 200, "KB_CHUNK_TOKENS", _range(32, 2000)),
-    _Field("chunking.overlap_tokens", "overlap_tokens", int, 0, None, _range(0, 500)),
+    _Field("chunking.overlap_tokens", "overlap_tokens", int, 60, None, _range(0, 500)),
     _Field("embedding.model", "embed_model", str, "all-MiniLM-L6-v2", "KB_EMBED_MODEL"),
     _Field("embedding.device", "embed_device", str, "auto", "KB_EMBED_DEVICE"),
     _Field("embedding.batch_size", "embed_batch_size", int, 32, "KB_EMBED_BATCH_SIZE", _range(1, 4096)),
@@ -153,7 +153,7 @@ class Config:
     ignore: tuple[str, ...] = ()
     max_file_bytes: int = 2_000_000
     chunk_tokens: int = 200
-    overlap_tokens: int = 0
+    overlap_tokens: int = 60
     embed_model: str = "all-MiniLM-L6-v2"
     embed_device: str = "auto"
     embed_batch_size: int = 32

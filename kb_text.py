@@ -310,8 +310,10 @@ def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens
 
     # Each section becomes packed pieces; then adjacent single-piece sections merge while they fit.
     units: list[tuple[tuple[str, ...], _Block, bool]] = []  # (heading path, block, whole section?)
-    # With overlap, pack to the limit minus the overlap so a chunk with its carried-over tail stays within the limit.
-    body_limit = max(chunk_tokens - overlap_tokens, chunk_tokens // 2)
+    # With overlap (at most half a chunk), pack to the limit minus the overlap so that a chunk with its
+    # carried-over tail stays within the limit.
+    overlap_tokens = min(overlap_tokens, chunk_tokens // 2)
+    body_limit = chunk_tokens - overlap_tokens
     for sec in sections:
         blocks = [b for b in _blocks(sec.lines, sec.start) if b.text.strip()]
         if not blocks or (len(blocks) == 1 and sec.path and _HEADING_RE.match(blocks[0].text)):

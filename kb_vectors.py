@@ -73,11 +73,14 @@ def pick_device(device: str) -> str:
 class SentenceTransformerEmbedder:
     """A sentence-transformers model: a known name, a Hugging Face id, or a local folder; loaded on first use."""
 
-    def __init__(self, model: str, device: str = "auto", batch_size: int = 32, allow_download: bool = False) -> None:
+    def __init__(
+        self, model: str, device: str = "auto", batch_size: int = 32, allow_download: bool = False, threads: int | None = None
+    ) -> None:
         self.name = model
         self.device = device
         self.batch_size = batch_size
         self.allow_download = allow_download
+        self.threads = threads  # torch CPU threads for this process; None keeps torch's default
         self._model: Any = None
         self._load_lock = threading.Lock()
 
@@ -109,6 +112,10 @@ class SentenceTransformerEmbedder:
         elif local.exists():
             source = str(local.resolve())
         device = pick_device(self.device)
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
         try:
             try:
                 model = SentenceTransformer(source, device=device, local_files_only=True)

@@ -4,9 +4,8 @@ Answers the client at once; imports the heavy libraries, syncs the index and loa
 Logs go to stderr only: in stdio mode stdout is the protocol.
 """
 
-from __future__ import annotations
-
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -14,12 +13,8 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any
-
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
 
 from kb_config import Config, KBError, add_common_args, load_cli_config, setup_logging
 
@@ -39,6 +34,11 @@ SYNC_WAIT_S = 20.0
 SHUTDOWN_WAIT_S = 3.0
 # Save this process's keyword view to disk at most this often (it is the next process's fast start).
 SAVE_VIEW_DELAY_S = 10.0
+# torch threads in the server. It embeds one short query at a time, where a second thread saves ~10 ms on an idle
+# 2-core machine but, measured here, turned 15 ms into ~490 ms when the other core was busy (e.g. the client itself).
+SERVER_TORCH_THREADS = 1
+# Recorded MCP handshake answers (initialize, tools/list), replayed at start-up while the SDK imports.
+HANDSHAKE_CACHE = "mcp-handshake.json"
 # Longest title shown per note in list_notes.
 TITLE_CHARS = 80
 
@@ -74,7 +74,10 @@ class KnowledgeBase:
             from kb_vectors import SentenceTransformerEmbedder
 
             cfg = self.cfg
-            self.engine = Engine(cfg, SentenceTransformerEmbedder(cfg.embed_model, cfg.embed_device, cfg.embed_batch_size))
+            embedder = SentenceTransformerEmbedder(
+                cfg.embed_model, cfg.embed_device, cfg.embed_batch_size, threads=SERVER_TORCH_THREADS
+            )
+            self.engine = Engine(cfg, embedder)
             self.searcher = Searcher(self.engine)
         except BaseException as e:  # reported by every tool call
             self._init_error = e
@@ -357,7 +360,16 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
 
 
 def build_server(kb: KnowledgeBase) -> Any:
-    """The MCPServer with its five tools; every failure becomes a tool error the model can read."""
+    """The MCPServer with its five tools; every failure becomes a tool error the model can read.
+
+    The SDK is imported here, not at module level: serve() answers the handshake while this import runs.
+    (No `from __future__ import annotations` in this module, so the tool annotations below resolve to these names.)
+    """
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import CallToolResult, TextContent, ToolAnnotations
+    from pydantic import Field
+
     server = MCPServer(name=kb.cfg.server_name, instructions=INSTRUCTIONS, log_level=kb.cfg.log_level)
 
     def run(fn: Any, *args: Any) -> CallToolResult:
@@ -433,13 +445,33 @@ def build_server(kb: KnowledgeBase) -> Any:
 
 
 def serve(cfg: Config) -> int:
+    """Serve MCP over stdio until the client goes away, answering the handshake while the SDK still imports."""
+    from kb_handshake import HandshakeFront, code_key
+
+    sdk_marker = [Path(spec.origin) for name in ("mcp", "mcp_types") if (spec := importlib.util.find_spec(name)) and spec.origin]
+    key = code_key(Path(__file__).resolve(), *sdk_marker, cfg.server_name, cfg.log_level)
+    front = HandshakeFront(cfg.data_dir / HANDSHAKE_CACHE, key)
+    front.start()
     kb = KnowledgeBase(cfg)
-    server = build_server(kb)
-    kb.start()
-    try:
-        server.run("stdio")
-    except KeyboardInterrupt:
-        pass
+    loaded: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def load_sdk() -> None:
+        try:
+            loaded["server"] = build_server(kb)
+        except BaseException as e:  # reported below, in the main thread
+            loaded["error"] = e
+        ready.set()
+
+    threading.Thread(target=load_sdk, name="sdk-import", daemon=True).start()
+    if front.answer_until(ready):
+        if "error" in loaded:
+            raise loaded["error"]
+        kb.start()
+        try:
+            _run_sdk(loaded["server"], front)
+        except KeyboardInterrupt:
+            pass
     logger.info("client disconnected; shutting down")
     engine = kb.engine
     if engine is not None and engine.syncing:
@@ -449,6 +481,20 @@ def serve(cfg: Config) -> int:
             time.sleep(0.05)
     sys.stderr.flush()
     os._exit(0)  # daemon threads (model loading, chroma) must not keep a client-less server alive
+
+
+def _run_sdk(server: Any, front: Any) -> None:
+    """MCPServer.run_stdio_async, over the front's streams instead of the process's stdin/stdout."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    async def run() -> None:
+        stdin, stdout = front.sdk_streams()
+        async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+            low = server._lowlevel_server
+            await low.run(read_stream, write_stream, low.create_initialization_options())
+
+    anyio.run(run)
 
 
 # ---- the --search self-test ------------------------------------------------------------------------------------
