@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 BATCH_CHUNKS = 256
 # A vault whose chunk text is at least this share CJK counts as mostly Chinese (English-only model warning).
 CHINESE_VAULT_SHARE = 0.5
+# Distinct metadata strings whose tokens are cached (cleared when full or when the dictionary changes).
+META_TOKEN_CACHE = 50_000
 # Chunks sampled to estimate the vault's language.
 LANGUAGE_SAMPLE_CHUNKS = 2000
 # Embed each chunk with its note's aliases and tags (measured in docs/retrieval.md).
@@ -142,6 +145,7 @@ class Engine:
         self._view_version = 0  # bumped on every view change; keys the cached stat map below
         self._view_stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         self._orphans_checked = False
+        self._meta_tokens: dict[str, list[str]] = {}
         self._state_meta: dict[str, Any] = {}
         self._state_id: tuple | None = None
         self._reset_vectors = False
@@ -330,6 +334,9 @@ class Engine:
     ) -> None:
         self._refresh_state(report.reasons)
         assert self._state is not None
+        if self._reset_vectors:
+            # Prove the new model loads before dropping the old vectors: a typo in embedding.model must lose nothing.
+            self.embedder.embed_query("model check")
         work = self._work_list(disk, full)
         plans: list[_Plan] = []
         removed: list[str] = []
@@ -340,6 +347,8 @@ class Engine:
                 plans.append(self._plan(path, stat, self._state.get(path)))
             if progress and (i % 100 == 0 or i == len(work)):
                 progress("read", i, len(work))
+        with self.mutex:
+            self._refresh_user_terms(adding=[p.record for p in plans if p.chunks])
         total = sum(len(p.chunks) for p in plans)
         batch: list[_Plan] = []
         done = 0
@@ -531,7 +540,12 @@ class Engine:
 
     def _tokens(self, c: ChunkRecord, rec: FileRecord | None) -> list[str]:
         meta = " ".join([c.context, *(rec.tags if rec else ()), *(rec.aliases if rec else ())])
-        return self.tokenizer.tokenize(c.text) + self.tokenizer.tokenize(meta) * self.cfg.metadata_weight
+        meta_tokens = self._meta_tokens.get(meta)
+        if meta_tokens is None:  # every chunk of a section repeats its title, heading path and tags: tokenize once
+            if len(self._meta_tokens) > META_TOKEN_CACHE:
+                self._meta_tokens.clear()
+            meta_tokens = self._meta_tokens[meta] = self.tokenizer.tokenize(meta)
+        return self.tokenizer.tokenize(c.text) + meta_tokens * self.cfg.metadata_weight
 
     def _view_stat_map(self) -> dict[str, tuple[int, int]]:
         version, stats = self._view_stats
@@ -581,6 +595,7 @@ class Engine:
                 self._view_put(path, None, ())
                 if not report.vectors:
                     report.removed += 1
+        plans: list[tuple[_Plan, FileRecord | None]] = []
         for path, stat in todo:
             mine = self.files.get(path)
             shared = state.get(path)
@@ -588,30 +603,43 @@ class Engine:
                 with self.mutex:
                     self._view_set(path, replace(mine, mtime_ns=stat[0], size=stat[1]))
                 continue
-            plan = self._plan(path, stat, mine)
-            with self.mutex:
+            plans.append((self._plan(path, stat, mine), mine))
+        with self.mutex:
+            if plans:
+                self._refresh_user_terms(adding=[p.record for p, _ in plans if p.chunks])
+            for plan, mine in plans:
                 if plan.touched:
-                    self._view_set(path, plan.record)
+                    self._view_set(plan.path, plan.record)
                     continue
-                self._view_put(path, plan.record, plan.chunks)
-            changed = True
-            if not report.vectors:
-                kind = "skipped" if plan.record.skipped else "changed" if mine else "added"
-                setattr(report, kind, getattr(report, kind) + 1)
+                self._view_put(plan.path, plan.record, plan.chunks)
+                changed = True
+                if not report.vectors:
+                    kind = "skipped" if plan.record.skipped else "changed" if mine else "added"
+                    setattr(report, kind, getattr(report, kind) + 1)
         if changed or report.did_work:
             with self.mutex:
                 self._refresh_user_terms()
 
-    def _refresh_user_terms(self) -> None:
-        """Vault titles, aliases and tags become single jieba tokens; re-tokenize only the chunks they occur in."""
-        terms = {t for r in self.files.values() for t in (r.title, *r.aliases, *r.tags) if t}
+    def _refresh_user_terms(self, adding: Iterable[FileRecord] = ()) -> None:
+        """Vault titles, aliases and tags become single jieba tokens; re-tokenize only the chunks they occur in.
+
+        With `adding`, the terms of notes about to be indexed join the dictionary first (none leave), so a big sync
+        tokenizes its new chunks once with the final dictionary instead of twice.
+        """
+        records = list(adding)
+        if records:
+            terms = set(self.tokenizer.user_terms) | {t for r in records for t in (r.title, *r.aliases, *r.tags) if t}
+        else:
+            terms = {t for r in self.files.values() for t in (r.title, *r.aliases, *r.tags) if t}
         changed = self.tokenizer.set_user_terms(terms)
         if not changed:
             return
+        self._meta_tokens.clear()
+        pattern = re.compile("|".join(re.escape(t) for t in sorted(changed, key=len, reverse=True)))
         for cid, c in list(self.chunks.items()):
             rec = self.files.get(c.path)
             hay = " ".join([c.text, c.context, *(rec.tags if rec else ()), *(rec.aliases if rec else ())]).lower()
-            if any(t in hay for t in changed):
+            if pattern.search(hay):
                 self.bm25.add(cid, self._tokens(c, rec))
 
 

@@ -85,6 +85,18 @@ def _path_filter(prefix: str | None) -> Callable[[str], bool] | None:
     return lambda path: path == p or path.startswith(p + "/")
 
 
+class _Filter:
+    """A search filter: `note(path)` decides per note (folder, tag, date); calling it with a chunk id decides per chunk."""
+
+    def __init__(self, chunks: dict[str, ChunkRecord], note: Callable[[str], bool]) -> None:
+        self.chunks = chunks
+        self.note = note
+
+    def __call__(self, chunk_id: str) -> bool:
+        c = self.chunks.get(chunk_id)
+        return c is not None and self.note(c.path)
+
+
 class Searcher:
     """Runs searches against one Engine; loads the optional cross-encoder reranker on first use."""
 
@@ -97,7 +109,7 @@ class Searcher:
     # ---- candidates -----------------------------------------------------------------------------------------
 
     def _semantic(
-        self, query: str, n: int, accept: Callable[[str], bool] | None, notes: list[str]
+        self, query: str, n: int, accept: _Filter | None, notes: list[str]
     ) -> tuple[list[tuple[str, float]], list[float] | None]:
         engine = self.engine
         if engine.model_error:
@@ -108,7 +120,7 @@ class Searcher:
         paths = None
         if accept is not None:
             with engine.mutex:
-                paths = sorted({c.path for c in engine.chunks.values() if accept(c.id)})
+                paths = [p for p in engine.files if accept.note(p)]
             if not paths:
                 return [], qvec
         try:
@@ -168,8 +180,8 @@ class Searcher:
         with engine.mutex:
             tokens = engine.tokenizer.tokenize(query)
             kw = engine.bm25.search(tokens, n, accept) if mode != "semantic" else []
-        # An English-only model scores any two Chinese texts alike: for a mostly Chinese query it is given only the
-        # query's Latin words (names, identifiers), and its cosine neither ranks alone nor vouches for relevance.
+        # An English-only model scores any two Chinese texts alike: a mostly Chinese query gives it only its Latin
+        # words (names, identifiers); that list is down-weighted in the fusion, and only its cosine can vouch.
         trusted = mode == "semantic" or not (is_english_only(engine.embedder.name) and cjk_share(query) >= CJK_QUERY_SHARE)
         sem_query = query if trusted else " ".join(_LATIN_WORD_RE.findall(query))
         sem: list[tuple[str, float]] = []
@@ -210,26 +222,23 @@ class Searcher:
             elapsed_ms=(time.perf_counter() - t0) * 1000,
         )
 
-    def _filter(self, path_prefix: str | None, tag: str | None, within_days: float | None) -> Callable[[str], bool] | None:
+    def _filter(self, path_prefix: str | None, tag: str | None, within_days: float | None) -> _Filter | None:
         by_path = _path_filter(path_prefix)
         tag_norm = tag.strip().lstrip("#").lower() if tag and tag.strip() else None
         since_ns = int((time.time() - within_days * 86400) * 1e9) if within_days is not None else None
         if by_path is None and tag_norm is None and since_ns is None:
             return None
-        engine = self.engine
+        files = self.engine.files
 
-        def accept(cid: str) -> bool:
-            c = engine.chunks.get(cid)
-            rec = engine.files.get(c.path) if c else None
-            if rec is None:
-                return False
-            if by_path and not by_path(c.path):
+        def note(path: str) -> bool:
+            rec = files.get(path)
+            if rec is None or (by_path and not by_path(path)):
                 return False
             if tag_norm and not any(t.lower() == tag_norm or t.lower().startswith(tag_norm + "/") for t in rec.tags):
                 return False
             return since_ns is None or rec.mtime_ns >= since_ns
 
-        return accept
+        return _Filter(self.engine.chunks, note)
 
     def _fuse(
         self, mode: str, kw: list[tuple[str, float]], sem: list[tuple[str, float]], trusted: bool

@@ -416,3 +416,23 @@ def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
     engine.sync_all()
     _assert_consistent(engine)
     assert sum(outs) == len(engine.chunks)  # every chunk embedded exactly once across both processes
+
+
+@pytest.mark.parametrize("model", ["no-such-org/no-such-model", "/definitely/not/a/model/folder"])
+def test_real_embedder_refuses_unloadable_model_with_next_step(model):
+    from kb_vectors import SentenceTransformerEmbedder
+
+    with pytest.raises(ModelUnavailableError) as err:
+        SentenceTransformerEmbedder(model, device="cpu").embed_query("hello")
+    message = str(err.value)
+    assert model in message and "ingest.py" in message and "local folder" in message
+
+
+def test_unloadable_new_model_leaves_existing_vectors_untouched(small_vault, make_engine):
+    engine = make_engine(small_vault, HashEmbedder(name="model-a"))
+    engine.sync_all()
+    count = engine.vectors.count()
+    broken = make_engine(small_vault, _BrokenModel(name="model-b"))
+    broken.sync_all()
+    assert broken.model_error and broken.vectors.count() == count
+    assert json.loads(broken.state_path.read_text(encoding="utf-8"))["params"]["model"] == "model-a"
