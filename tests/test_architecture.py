@@ -27,12 +27,35 @@ ALLOWED = {
     "ingest": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors"},
     "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
     "kb_write": {"kb_config", "kb_scan", "kb_text", "kb_state"},
-    "mcp_server": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest", "kb_search", "kb_write"},
+    "kb_handshake": set(),
+    "mcp_server": {
+        "kb_config",
+        "kb_scan",
+        "kb_text",
+        "kb_state",
+        "bm25_index",
+        "kb_vectors",
+        "ingest",
+        "kb_search",
+        "kb_write",
+        "kb_handshake",
+    },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
 }
 PROJECT = set(ALLOWED)
 # Imported by the server process: nothing here may print to stdout (it is the MCP protocol).
-SERVER_SIDE = ["kb_config", "kb_scan", "kb_text", "kb_state", "kb_vectors", "bm25_index", "ingest", "kb_search", "kb_write"]
+SERVER_SIDE = [
+    "kb_config",
+    "kb_scan",
+    "kb_text",
+    "kb_state",
+    "kb_vectors",
+    "bm25_index",
+    "ingest",
+    "kb_search",
+    "kb_write",
+    "kb_handshake",
+]
 
 
 def _tree(module: str) -> ast.Module:
