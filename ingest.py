@@ -144,7 +144,6 @@ class Engine:
         self._state_rework = False  # some record must be re-read (its chunking parameters changed)
         self._view_version = 0  # bumped on every view change; keys the cached stat map below
         self._view_stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
-        self._orphans_checked = False
         self._meta_tokens: dict[str, list[str]] = {}
         self._state_meta: dict[str, Any] = {}
         self._state_id: tuple | None = None
@@ -367,9 +366,8 @@ class Engine:
                 batch = []
         if not plans and (removed or self._reset_vectors):
             self._commit_batch([], removed, report)
-        if full and (work or not self._orphans_checked):
+        if full and work:  # orphans come from a crash or a lost state.json, both of which leave work to do
             self._drop_orphans(report)
-            self._orphans_checked = True
 
     def _work_list(self, disk: dict[str, tuple[int, int] | None], full: bool) -> list[tuple[str, tuple[int, int] | None]]:
         if full and not self._state_rework and disk == self._state_stats:

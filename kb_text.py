@@ -377,6 +377,8 @@ class Tokenizer:
     def __init__(self, use_jieba: bool = True) -> None:
         self._jieba = None
         self.user_terms: frozenset[str] = frozenset()
+        self._pending_add: set[str] = set()  # dictionary changes not yet applied to jieba (see _sync_dictionary)
+        self._pending_del: set[str] = set()
         if use_jieba:
             try:
                 import jieba
@@ -402,16 +404,26 @@ class Tokenizer:
         """Make the vault's own names single tokens; returns the terms whose treatment changed."""
         new = vault_terms(terms)
         changed = new ^ self.user_terms
-        if self._jieba is not None:
-            for t in new - self.user_terms:
-                self._jieba.add_word(t, freq=USER_TERM_FREQ)
-            for t in self.user_terms - new:
-                self._jieba.del_word(t)
+        self._pending_add |= new - self.user_terms
+        self._pending_add -= self.user_terms - new
+        self._pending_del |= self.user_terms - new
         self.user_terms = new
         return changed
 
+    def _sync_dictionary(self) -> None:
+        """Apply dictionary changes lazily: loading jieba's dictionary costs ~0.7 s, and a no-change sync needs none."""
+        if self._jieba is None or not (self._pending_add or self._pending_del):
+            return
+        for t in self._pending_del:
+            if t not in self.user_terms:
+                self._jieba.del_word(t)
+        for t in self._pending_add:
+            self._jieba.add_word(t, freq=USER_TERM_FREQ)
+        self._pending_add, self._pending_del = set(), set()
+
     def _cjk_tokens(self, run: str) -> list[str]:
         if self._jieba is not None:
+            self._sync_dictionary()
             out = []
             for t in self._jieba.cut_for_search(run, HMM=True):
                 out.append(t)
