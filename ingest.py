@@ -143,6 +143,7 @@ class Engine:
         self._state_stats: dict[str, tuple[int, int]] = {}
         self._state_rework = False  # some record must be re-read (its chunking parameters changed)
         self._view_version = 0  # bumped on every view change; keys the cached stat map below
+        self._saved_view_version = -1  # the view version the BM25 pickle on disk holds
         self._view_stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         self._meta_tokens: dict[str, list[str]] = {}
         self._state_meta: dict[str, Any] = {}
@@ -175,9 +176,15 @@ class Engine:
         finally:
             self._sync_lock.release()
 
+    @property
+    def view_changed(self) -> bool:
+        """Whether the view differs from the BM25 pickle on disk (loaded or last saved by this process)."""
+        return self._view_version != self._saved_view_version
+
     def save_view(self) -> None:
         """Persist this process's view as the BM25 pickle (atomic), so the next process starts from it."""
         with self.mutex:
+            self._saved_view_version = self._view_version
             meta = {
                 "params": self._view_params(),
                 "files": dict(self.files),
@@ -534,6 +541,7 @@ class Engine:
         with self.mutex:
             self.bm25, self.files, self.chunks = index, meta["files"], meta["chunks"]
             self._view_version += 1
+            self._saved_view_version = self._view_version
             self.tokenizer.set_user_terms(meta.get("user_terms", ()))
 
     def _tokens(self, c: ChunkRecord, rec: FileRecord | None) -> list[str]:
@@ -697,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
             close()
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
-        engine.save_view()
+        if engine.view_changed:
+            engine.save_view()
         warning = engine.model_warning()
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -86,9 +86,9 @@ class KnowledgeBase:
         finally:
             self._ready.set()
         try:
-            report = self.engine.sync_all()
+            self.engine.sync_all()
             self._last_check = time.monotonic()
-            if report.did_work:
+            if self.engine.view_changed:
                 self._schedule_save()
         except Exception:
             logger.exception("start-up sync failed; the next search retries")
@@ -138,7 +138,7 @@ class KnowledgeBase:
                 + (f" ({done[0]}/{done[1]} chunks)" if done else "")
                 + "; results cover what is indexed so far"
             )
-        elif report.did_work:
+        elif engine.view_changed:
             self._schedule_save()
         if engine.model_error:
             notes.append(f"semantic search is off: {engine.model_error}")
@@ -508,7 +508,7 @@ def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path
     t0 = time.perf_counter()
     engine = Engine(cfg)
     report = engine.sync_all()
-    if report.did_work:
+    if engine.view_changed:
         engine.save_view()
     sync_ms = (time.perf_counter() - t0) * 1000
     result = Searcher(engine).search(query, top_k=top_k, mode=mode, path_prefix=path_prefix)

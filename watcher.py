@@ -118,25 +118,24 @@ def watch(
         if ready is not None:
             ready.set()
         last_save = time.monotonic()
-        dirty = False
         while not stop.is_set():
             collector.wake.wait(timeout=min(debounce_s, 0.5))
             batch = collector.take(debounce_s)
             if batch is None:
-                if dirty and time.monotonic() - last_save > SAVE_VIEW_EVERY_S:
+                if engine.view_changed and time.monotonic() - last_save > SAVE_VIEW_EVERY_S:
                     engine.save_view()
-                    last_save, dirty = time.monotonic(), False
+                    last_save = time.monotonic()
                 stop.wait(0.05)
                 continue
             try:
-                report = apply_changes(engine, *batch, verbose)
-                dirty = dirty or report.did_work
+                apply_changes(engine, *batch, verbose)
             except KBError as e:  # a lock held too long, a model error: keep watching, retry on the next event
                 logger.warning("could not apply changes: %s", e)
     finally:
         observer.stop()
         observer.join(timeout=5)
-        engine.save_view()
+        if engine.view_changed:
+            engine.save_view()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -436,3 +436,16 @@ def test_unloadable_new_model_leaves_existing_vectors_untouched(small_vault, mak
     broken.sync_all()
     assert broken.model_error and broken.vectors.count() == count
     assert json.loads(broken.state_path.read_text(encoding="utf-8"))["params"]["model"] == "model-a"
+
+
+def test_saved_view_is_not_rewritten_when_nothing_changed(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    assert engine.view_changed
+    engine.save_view()
+    fresh = make_engine(small_vault)
+    fresh.sync_all()
+    assert not fresh.view_changed  # loaded from the pickle, nothing to write back
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- new\n", encoding="utf-8")
+    fresh.sync_all()
+    assert fresh.view_changed
