@@ -167,12 +167,13 @@ class Engine:
         with self._sync_lock:
             return self._sync(list(paths), write=write)
 
-    def try_sync_all(self, wait_s: float) -> SyncReport | None:
-        """sync_all, unless another thread's sync is still running after `wait_s` seconds (then None)."""
+    def try_sync(self, wait_s: float, paths: Iterable[str | Path] | None = None) -> SyncReport | None:
+        """sync_all (or apply_file_changes for `paths`), unless another thread's sync is still running after
+        `wait_s` seconds: then None, and the caller answers from the current view."""
         if not self._sync_lock.acquire(timeout=wait_s):
             return None
         try:
-            return self._sync(None, write=self.model_error is None)
+            return self._sync(None if paths is None else list(paths), write=self.model_error is None)
         finally:
             self._sync_lock.release()
 

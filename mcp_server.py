@@ -126,7 +126,7 @@ class KnowledgeBase:
         if time.monotonic() - self._last_check < self.cfg.check_interval_s:
             return notes
         try:
-            report = engine.try_sync_all(SYNC_WAIT_S)
+            report = engine.try_sync(SYNC_WAIT_S)
         except KBError as e:
             notes.append(f"the index could not be refreshed ({e}); results may miss recent edits")
             return notes
@@ -169,7 +169,8 @@ class KnowledgeBase:
         result = append_to_note(self.cfg, path, content, heading, create_heading)
         indexed = "and indexed"
         try:
-            engine.apply_file_changes([result.path])
+            if engine.try_sync(SYNC_WAIT_S, [result.path]) is None:
+                indexed = "but not yet indexed (a long indexing run is busy); the next search indexes it"
         except KBError as e:
             indexed = f"but not yet indexed ({e}); the next search indexes it"
         if result.duplicate:

@@ -449,3 +449,13 @@ def test_saved_view_is_not_rewritten_when_nothing_changed(small_vault, make_engi
     (small_vault / "inbox.md").write_text("# Inbox\n\n- new\n", encoding="utf-8")
     fresh.sync_all()
     assert fresh.view_changed
+
+
+def test_try_sync_answers_none_while_another_thread_syncs(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    with engine._sync_lock:  # as if the server's start-up sync were still running
+        assert engine.try_sync(0.05) is None and engine.syncing
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- capybara\n", encoding="utf-8")
+    report = engine.try_sync(0.05, ["inbox.md"])
+    assert report is not None and report.changed == 1
