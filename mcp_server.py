@@ -92,6 +92,8 @@ class KnowledgeBase:
                 self._schedule_save()
         except Exception:
             logger.exception("start-up sync failed; the next search retries")
+        with self.engine.mutex:
+            self.engine.tokenizer.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.7 s): not in a search
         if self.engine.model_error is None:
             try:
                 self.engine.embedder.load()  # so the first search does not pay for it
