@@ -39,6 +39,8 @@ SAVE_VIEW_DELAY_S = 10.0
 SERVER_TORCH_THREADS = 1
 # Recorded MCP handshake answers (initialize, tools/list), replayed at start-up while the SDK imports.
 HANDSHAKE_CACHE = "mcp-handshake.json"
+# Packages whose version shapes those answers (the tool schemas come from pydantic).
+HANDSHAKE_DEPENDENCIES = ("mcp", "mcp_types", "pydantic", "pydantic_core")
 # Longest title shown per note in list_notes.
 TITLE_CHARS = 80
 
@@ -451,8 +453,9 @@ def serve(cfg: Config) -> int:
     """Serve MCP over stdio until the client goes away, answering the handshake while the SDK still imports."""
     from kb_handshake import HandshakeFront, code_key
 
-    sdk_marker = [Path(spec.origin) for name in ("mcp", "mcp_types") if (spec := importlib.util.find_spec(name)) and spec.origin]
-    key = code_key(Path(__file__).resolve(), *sdk_marker, cfg.server_name, cfg.log_level)
+    # The recorded answers are valid only for this code and these SDK versions (their files' size and mtime).
+    sdk = [Path(s.origin) for name in HANDSHAKE_DEPENDENCIES if (s := importlib.util.find_spec(name)) and s.origin]
+    key = code_key(Path(__file__).resolve(), *sdk, cfg.server_name)
     front = HandshakeFront(cfg.data_dir / HANDSHAKE_CACHE, key)
     front.start()
     kb = KnowledgeBase(cfg)
