@@ -219,14 +219,6 @@ class BM25Index:
             out[t] = float(idf[tid]) if tid is not None and self._df[tid] > 0 else top
         return out
 
-    def chunks_with(self, term: str) -> list[str]:
-        """Ids of the chunks holding `term`."""
-        tid = self._term_ids.get(term)
-        if tid is None or self._df[tid] <= 0:
-            return []
-        ids = self._slot_ids
-        return [cid for s in self._post_slots[tid] if (cid := ids[s]) is not None]
-
     def terms_in(self, chunk_id: str, tokens: Iterable[str]) -> set[str]:
         """Which of `tokens` occur in the chunk."""
         slot = self._slot_of.get(chunk_id)
