@@ -6,11 +6,8 @@ Query cost follows the postings of the query terms, not the corpus size. Imports
 from __future__ import annotations
 
 import gzip
-import hashlib
 import math
-import os
 import pickle
-import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -20,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import IndexFormatError
+from kb_files import atomic_write_bytes
 
 # rank_bm25.BM25Okapi defaults, kept for score parity.
 K1, B, EPSILON = 1.5, 0.75, 0.25
@@ -31,10 +29,6 @@ COMPACT_DEAD_SHARE = 0.3
 COMPACT_MIN_DEAD = 2000
 # gzip level for the saved index: 1 is ~4x faster than 9 and only ~15% larger here.
 GZIP_LEVEL = 1
-
-
-def _id_hash(chunk_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(chunk_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 class BM25Index:
@@ -55,7 +49,6 @@ class BM25Index:
         self._alive = bytearray()
         self._slot_of: dict[str, int] = {}
         self._total_len = 0
-        self._fingerprint = 0
         self._idf_cache: tuple[int, np.ndarray] | None = None
         self._version = 0
 
@@ -64,11 +57,6 @@ class BM25Index:
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self._slot_of
-
-    @property
-    def signature(self) -> tuple[int, str]:
-        """(chunk count, fingerprint of the chunk ids): changes whenever the set of chunks does."""
-        return len(self._slot_of), f"{self._fingerprint:016x}"
 
     def add(self, chunk_id: str, tokens: list[str]) -> None:
         """Index a chunk's tokens, replacing any earlier version of the same id."""
@@ -95,7 +83,6 @@ class BM25Index:
         self._alive.append(1)
         self._slot_of[chunk_id] = slot
         self._total_len += len(tokens)
-        self._fingerprint ^= _id_hash(chunk_id)
         self._version += 1
 
     def remove(self, chunk_id: str) -> bool:
@@ -110,7 +97,6 @@ class BM25Index:
         self._slot_terms[slot] = None
         self._slot_len[slot] = 0
         self._alive[slot] = 0
-        self._fingerprint ^= _id_hash(chunk_id)
         self._version += 1
         dead = len(self._slot_ids) - len(self._slot_of)
         if dead >= COMPACT_MIN_DEAD and dead > COMPACT_DEAD_SHARE * len(self._slot_ids):
@@ -178,11 +164,6 @@ class BM25Index:
                 matched[slots] = True
         return scores
 
-    def get_scores(self, tokens: list[str], chunk_ids: list[str]) -> np.ndarray:
-        """Scores for the given chunk ids in that order (for comparison with rank_bm25's get_scores)."""
-        scores = self._score_slots(tokens)
-        return np.array([scores[self._slot_of[c]] for c in chunk_ids])
-
     def search(self, tokens: list[str], k: int, accept: Callable[[str], bool] | None = None) -> list[tuple[str, float]]:
         """The k best (chunk id, score) among chunks holding a query term, best first; `accept` filters chunk ids.
 
@@ -233,26 +214,10 @@ class BM25Index:
         return state
 
 
-def build_index(docs: Iterable[tuple[str, list[str]]]) -> BM25Index:
-    """Build an index from (chunk id, tokens) pairs."""
-    idx = BM25Index()
-    for cid, tokens in docs:
-        idx.add(cid, tokens)
-    return idx
-
-
 def save_index(index: BM25Index, path: Path, meta: dict[str, Any]) -> None:
-    """Write index + meta as a gzip pickle atomically (temp file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write index + meta as a gzip pickle atomically; a cache the next process can rebuild, so no fsync."""
     payload = pickle.dumps({"format": FORMAT_VERSION, "index": index, "meta": meta}, protocol=pickle.HIGHEST_PROTOCOL)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-            gz.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0), durable=False)
 
 
 def load_index(path: Path) -> tuple[BM25Index, dict[str, Any]]:

@@ -4,18 +4,23 @@ the inter-process lock and atomic writes. Imports kb_config only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kb_config import LockTimeoutError
+from kb_files import atomic_write_text
 
 # Bump when state.json's layout changes; an older state is rebuilt from the vault.
 STATE_FORMAT = 2
+# How often a process waiting for the index lock tries again.
+LOCK_POLL_S = 0.05
 # Encodings tried, in order, for a note that is not UTF-8 (GB18030 covers GBK-era Chinese notes).
 NOTE_ENCODINGS = ("utf-8", "gb18030")
 
@@ -65,7 +70,9 @@ class SyncReport:
     elapsed_ms: float = 0.0
     reasons: list[str] = field(default_factory=list)
     details: list[tuple[str, str]] = field(default_factory=list)  # (path, what happened)
-    vectors: bool = True  # False when the model was unavailable and only the keyword index was updated
+    vectors: bool = True  # False when nothing was committed (model unavailable, or lock busy): keyword view only
+    lock_timeout: bool = False  # the index lock stayed busy: nothing was committed
+    pending_vectors: int = 0  # committed chunks still without a vector (embedding in the background)
 
     @property
     def did_work(self) -> bool:
@@ -76,7 +83,10 @@ class SyncReport:
             f"files: {self.added} added, {self.changed} changed, {self.removed} removed, "
             f"{self.unchanged + self.touched} unchanged, {self.skipped} skipped; "
             f"chunks: {self.chunks_embedded} embedded, {self.chunks_reused} reused, {self.chunks_deleted} deleted; "
-            f"{self.elapsed_ms / 1000:.2f} s" + ("" if self.vectors else " (keyword index only: model unavailable)")
+            f"{self.elapsed_ms / 1000:.2f} s"
+            + (" (not committed: the index lock was busy)" if self.lock_timeout else "")
+            + ("" if self.vectors or self.lock_timeout else " (keyword index only: model unavailable)")
+            + (f"; {self.pending_vectors} chunks still to embed" if self.pending_vectors else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -86,20 +96,45 @@ class SyncReport:
 
 
 class FileLock:
-    """Inter-process lock on a file (fcntl on POSIX, msvcrt on Windows), re-entrant within one thread."""
+    """Inter-process lock on a file (fcntl on POSIX, msvcrt on Windows) that also excludes this process's other
+    threads; re-entrant only for the thread that holds it.
+
+    Example: `with lock.hold(timeout_s=30): ...` (raises LockTimeoutError saying who to wait for).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
         self._depth = 0
+        self._owner: int | None = None
+        self._threads = threading.Lock()  # held by the owning thread for as long as it holds the file lock
 
     def acquire(self, timeout_s: float) -> None:
-        if self._depth:
+        if not self._try(timeout_s):
+            raise LockTimeoutError(
+                f"another process (ingest, watcher or a server) has held the index lock {self.path} for over "
+                f"{timeout_s:.0f} s; wait for it to finish, or raise sync.lock_timeout"
+            )
+
+    def try_acquire(self) -> bool:
+        """Take the lock only if it is free right now."""
+        return self._try(0.0)
+
+    def _try(self, timeout_s: float) -> bool:
+        me = threading.get_ident()
+        if self._owner == me:
             self._depth += 1
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            return True
         deadline = time.monotonic() + timeout_s
+        got = self._threads.acquire(timeout=timeout_s) if timeout_s > 0 else self._threads.acquire(blocking=False)
+        if not got:
+            return False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except BaseException:
+            self._threads.release()
+            raise
         while True:
             try:
                 if os.name == "nt":
@@ -114,41 +149,42 @@ class FileLock:
             except OSError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise LockTimeoutError(
-                        f"another process (ingest, watcher or a server) has held the index lock {self.path} for over "
-                        f"{timeout_s:.0f} s; wait for it to finish, or raise sync.lock_timeout"
-                    ) from None
-                time.sleep(0.05)
-        self._fd = fd
-        self._depth = 1
+                    self._threads.release()
+                    return False
+                time.sleep(LOCK_POLL_S)
+        self._fd, self._owner, self._depth = fd, me, 1
+        return True
 
     def release(self) -> None:
+        if self._owner != threading.get_ident():
+            raise RuntimeError(f"{self.path}: released by a thread that does not hold it")
         self._depth -= 1
-        if self._depth or self._fd is None:
+        if self._depth:
             return
-        if os.name == "nt":
-            import msvcrt
+        fd, self._fd, self._owner = self._fd, None, None
+        try:
+            if fd is not None:
+                if os.name == "nt":
+                    import msvcrt
 
-            os.lseek(self._fd, 0, 0)
-            msvcrt.locking(self._fd, msvcrt.LK_UNLCK, 1)
-        else:
-            import fcntl
+                    os.lseek(fd, 0, 0)
+                    msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+                else:
+                    import fcntl
 
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        finally:
+            self._threads.release()
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    @contextlib.contextmanager
+    def hold(self, timeout_s: float) -> Iterator[None]:
+        """The lock for the body of a `with` block."""
+        self.acquire(timeout_s)
+        try:
+            yield
+        finally:
+            self.release()
 
 
 def decode_note(raw: bytes) -> tuple[str, str]:

@@ -50,7 +50,7 @@ def small_vault(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_engine(tmp_path: Path) -> Callable[..., object]:
     """Build Engines over a vault with a HashEmbedder (pass embedder= to share or replace it)."""
-    from ingest import Engine
+    from kb_engine import Engine
 
     def build(vault: Path, embedder: object | None = None, data_dir: Path | None = None, **overrides: object):
         cfg = make_config(vault, data_dir or tmp_path / "data", **overrides)

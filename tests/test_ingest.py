@@ -1,4 +1,4 @@
-"""Engine integration tests: real files, a real Chroma store in tmp_path, real jieba, a counting hash embedder."""
+"""Engine integration tests: real files, real vector segments and state in tmp_path, real jieba, a counting hash embedder."""
 
 from __future__ import annotations
 
@@ -12,24 +12,34 @@ import pytest
 from kb_fixtures import REPO_ROOT, make_config
 
 import ingest
-from ingest import Engine
+import kb_engine
 from kb_config import LockTimeoutError, ModelUnavailableError
+from kb_engine import Engine
 from kb_state import FileLock
 from kb_vectors import HashEmbedder
 
 
 def _vector_ids_for(engine: Engine, path: str) -> list[str]:
-    col = engine.vectors._open()
-    return col.get(where={"path": path}, include=[])["ids"]
+    return [cid for cid, c in engine.chunks.items() if c.path == path and c.content in engine.store]
 
 
-def _assert_consistent(engine: Engine) -> None:
-    """Vectors, state.json and the keyword view all hold exactly the chunks of the notes on disk."""
+def assert_consistent(engine: Engine) -> None:
+    """state.json, the keyword view and the vectors hold exactly the chunks of the notes, each chunk with a vector,
+    as this process and a fresh one see them; no segment file is left that state.json does not name."""
     state = json.loads(engine.state_path.read_text(encoding="utf-8"))
     state_ids = {cid for rec in state["files"].values() for cid in rec["chunks"]}
-    assert set(engine.vectors.all_ids()) == state_ids
     assert set(engine.chunks) == state_ids
     assert len(engine.bm25) == len(state_ids)
+    assert engine.pending_vectors == 0
+    assert all(kb_engine.content_of(cid) in engine.store for cid in state_ids)
+    fresh = Engine(engine.cfg, HashEmbedder(name=engine.embedder.name))
+    fresh.sync_all(write=False)
+    assert fresh.pending_vectors == 0 and set(fresh.chunks) == state_ids
+    on_disk = {p.name for p in (engine.cfg.index_dir / "vectors").glob("seg-*")}
+    assert on_disk == set(state["segments"])
+
+
+_assert_consistent = assert_consistent
 
 
 def test_sync_embeds_nothing_when_unchanged(small_vault, make_engine):
@@ -96,8 +106,6 @@ def test_sync_updates_line_ranges_without_embedding_when_text_shifts(small_vault
     for c in engine.chunks.values():
         if c.path == "long.md" and c.heading_path.endswith("Section 5"):
             assert lines[c.line_start - 1].startswith("## Section 5")
-            meta = engine.vectors._open().get(ids=[c.id], include=["metadatas"])["metadatas"][0]
-            assert meta["line_start"] == c.line_start
 
 
 def test_sync_removes_chunks_of_deleted_note(small_vault, make_engine):
@@ -108,6 +116,8 @@ def test_sync_removes_chunks_of_deleted_note(small_vault, make_engine):
     report = engine.sync_all()
     assert report.removed == 1 and report.chunks_deleted > 0
     assert _vector_ids_for(engine, "long.md") == []
+    found = engine.vectors.query(HashEmbedder().embed_query("Section 3 word3x7 word3x8"), 50)
+    assert found and not any(engine.chunks[cid].path == "long.md" for cid, _ in found)
     assert not any(c.path == "long.md" for c in engine.chunks.values())
     _assert_consistent(engine)
 
@@ -167,39 +177,38 @@ def test_sync_reembeds_everything_when_model_changes(small_vault, make_engine):
     _assert_consistent(engine_b)
 
 
-def test_sync_after_crash_overwrites_instead_of_duplicating(small_vault, make_engine, monkeypatch):
+def test_sync_after_crash_mid_embedding_embeds_only_what_was_not_committed(small_vault, make_engine, monkeypatch):
+    monkeypatch.setattr(kb_engine, "EMBED_BATCH", 3)
     emb = HashEmbedder()
     engine = make_engine(small_vault, emb)
     calls = {"n": 0}
     real_commit = Engine._commit_state
 
-    def crash_once(self):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("simulated crash after the vectors were written")
-        real_commit(self)
+    def crash_on_third(self, segments=None):
+        calls["n"] += 1  # 1: the notes' records, 2: the first batch of vectors, 3: the second batch
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash after a segment was written, before its commit")
+        real_commit(self, segments)
 
-    monkeypatch.setattr(Engine, "_commit_state", crash_once)
+    monkeypatch.setattr(Engine, "_commit_state", crash_on_third)
     with pytest.raises(RuntimeError):
         engine.sync_all()
-    written = engine.vectors.count()
-    assert written > 0 and not engine.state_path.exists()
+    assert emb.embedded == 6
     monkeypatch.setattr(Engine, "_commit_state", real_commit)
     emb2 = HashEmbedder()
     engine2 = make_engine(small_vault, emb2)
-    report = engine2.sync_all()
-    assert emb2.embedded == 0 and report.chunks_reused == written
-    _assert_consistent(engine2)
+    engine2.sync_all()
+    assert emb2.embedded == len(engine2.chunks) - 3  # the committed first batch is kept, the torn one redone
+    _assert_consistent(engine2)  # the unnamed segment of the crashed batch is gone
 
 
-def test_sync_drops_orphan_vectors_when_state_is_lost(small_vault, make_engine):
+def test_sync_reembeds_and_drops_old_segments_when_state_is_lost(small_vault, make_engine):
     engine = make_engine(small_vault)
     engine.sync_all()
     (small_vault / "long.md").unlink()
     engine.state_path.unlink()  # as if state.json were lost together with the note's removal
     engine2 = make_engine(small_vault)
-    report = engine2.sync_all()
-    assert any("no note references" in r for r in report.reasons)
+    engine2.sync_all()
     _assert_consistent(engine2)
 
 
@@ -278,7 +287,8 @@ def test_sync_reports_lock_timeout_and_keeps_keyword_view_fresh(small_vault, mak
     finally:
         other_proc.kill()
         other_proc.wait()
-    assert any("index lock" in r for r in report.reasons)
+    assert report.lock_timeout and not report.vectors and "not committed" in report.summary()
+    assert any("index lock" in r and "nothing was committed" in r for r in report.reasons)
     assert any("quokka" in c.text for c in engine.chunks.values())  # keyword view updated anyway
     assert engine.sync_all().changed == 1  # committed once the lock is free
 
@@ -308,7 +318,7 @@ def test_sync_degrades_to_keyword_index_when_model_unavailable(small_vault, make
     engine = make_engine(small_vault, _BrokenModel())
     report = engine.sync_all()
     assert engine.model_error and "missing-model" in engine.model_error
-    assert not report.vectors and report.added == 4
+    assert report.added == 4 and report.chunks_embedded == 0 and report.pending_vectors == 0
     assert engine.bm25.search(engine.tokenizer.tokenize("PostgreSQL ledger"), 3)
 
 
@@ -353,7 +363,7 @@ def test_model_warning_names_multilingual_model_for_chinese_vault(tmp_path, make
     engine = make_engine(vault, HashEmbedder(name="all-MiniLM-L6-v2"))
     engine.sync_all()
     warning = engine.model_warning()
-    assert warning and "bge-small-zh" in warning
+    assert warning and "use-multilingual" in warning
     english = make_engine(vault, HashEmbedder(name="BAAI/bge-small-zh-v1.5"), data_dir=tmp_path / "d2")
     english.sync_all()
     assert english.model_warning() is None
@@ -403,7 +413,7 @@ def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
     )
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from kb_config import load_config; from ingest import Engine; from kb_vectors import HashEmbedder;"
+        "from kb_config import load_config; from kb_engine import Engine; from kb_vectors import HashEmbedder;"
         "e = Engine(load_config(sys.argv[2]), HashEmbedder()); r = e.sync_all(); print(r.chunks_embedded)"
     )
     procs = [
@@ -431,11 +441,11 @@ def test_real_embedder_refuses_unloadable_model_with_next_step(model):
 def test_unloadable_new_model_leaves_existing_vectors_untouched(small_vault, make_engine):
     engine = make_engine(small_vault, HashEmbedder(name="model-a"))
     engine.sync_all()
-    count = engine.vectors.count()
     broken = make_engine(small_vault, _BrokenModel(name="model-b"))
     broken.sync_all()
-    assert broken.model_error and broken.vectors.count() == count
+    assert broken.model_error and "missing-model" in broken.model_error
     assert json.loads(broken.state_path.read_text(encoding="utf-8"))["params"]["model"] == "model-a"
+    _assert_consistent(engine)  # model-a's vectors are all still there
 
 
 def test_saved_view_is_not_rewritten_when_nothing_changed(small_vault, make_engine):

@@ -1,0 +1,732 @@
+"""The incremental index engine: keeps one vault's index equal to its notes, safely with several processes at once.
+
+On disk (cfg.index_dir): state.json, the commit point (per-note stat, md5, chunk ids, index parameters, and the list
+of vector segments); the vector segments (kb_store); the BM25 pickle (a process's view, so the next one starts fast).
+A sync first commits what the notes say (records and chunk ids, no model needed), then embeds the chunks that have
+no vector yet, in batches, outside the lock; each batch is one new segment named by one more commit. Every process
+re-reads state.json when another one committed. Imports the base modules, kb_store and kb_view.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError
+from kb_files import sweep_temp_files
+from kb_scan import note_rel_path, scan_vault
+from kb_state import (
+    ChunkRecord,
+    FileLock,
+    FileRecord,
+    SyncReport,
+    decode_note,
+    file_identity,
+    read_state_file,
+    write_state_file,
+)
+from kb_store import VectorStore
+from kb_text import CHUNKER_VERSION, Tokenizer, chunk_context, chunk_note, cjk_share, content_hash
+from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, SentenceTransformerEmbedder, is_english_only
+from kb_view import IndexView
+
+logger = logging.getLogger(__name__)
+
+# Notes' chunks committed to state.json per lock-hold while reading a big vault (no embedding happens under the lock).
+COMMIT_CHUNKS = 4096
+# Chunks embedded per batch; each batch is one segment and one commit, so a killed ingest loses at most one batch.
+EMBED_BATCH = 256
+# A sync that finds at most this many chunks without a vector embeds them before it returns (an append, an edit);
+# more (a git pull, a first index) are embedded by embed_pending, in the background in the server.
+INLINE_EMBED_CHUNKS = 64
+# A vault whose chunk text is at least this share CJK counts as mostly Chinese (English-only model warning).
+CHINESE_VAULT_SHARE = 0.5
+# Chunks sampled to estimate the vault's language.
+LANGUAGE_SAMPLE_CHUNKS = 2000
+# Embed each chunk with its note's aliases and tags (measured in docs/retrieval.md).
+EMBED_LABELS = True
+# Parameters that decide chunk boundaries; a change re-chunks every note (vectors of unchanged text are reused).
+CHUNK_PARAMS = ("chunker", "embed_labels", "chunk_tokens", "overlap_tokens")
+# Times state.json is re-read when it names a segment another process just compacted away.
+STATE_RETRIES = 5
+# How often a process waiting for another's embedding run checks whether it finished.
+EMBED_WAIT_POLL_S = 0.5
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class _Plan:
+    """A note read from disk: a new record with its chunks, or `touched` (same md5, new stat: nothing to redo)."""
+
+    path: str
+    record: FileRecord
+    chunks: list[ChunkRecord]
+    touched: bool = False
+
+
+def _labels(aliases: Sequence[str], tags: Sequence[str]) -> str:
+    return " · ".join([*aliases, *tags]) if EMBED_LABELS else ""
+
+
+def _embed_text(context: str, labels: str, text: str) -> str:
+    return "\n".join([context, labels, text] if labels else [context, text])
+
+
+def embed_text(c: ChunkRecord, rec: FileRecord | None) -> str:
+    """What the model embeds for a chunk: title and heading path, the note's aliases and tags, then the text.
+
+    Aliases and tags are often in the other language of a bilingual vault, which gives an English-only
+    model a handle on Chinese notes. The chunk's content hash covers exactly this text.
+    """
+    return _embed_text(c.context, _labels(rec.aliases, rec.tags) if rec else "", c.text)
+
+
+def content_of(chunk_id: str) -> str:
+    """The content hash inside a chunk id ("<path key>-<content hash>[-n]")."""
+    return chunk_id.split("-", 2)[1]
+
+
+class ChunkVectors:
+    """Vector search in chunk terms over the engine's store and view: what kb_search asks of the vectors."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def query(self, vector: Sequence[float], n: int, paths: Sequence[str] | None = None) -> list[tuple[str, float]]:
+        """Nearest chunks as (chunk id, cosine), best first; `paths` restricts to those notes."""
+        view, store = self._engine.view, self._engine.store
+        if paths is not None:
+            with view.mutex:
+                ids = [cid for p in paths if (r := view.files.get(p)) for cid in r.chunks if cid in view.chunks]
+                contents = {cid: view.chunks[cid].content for cid in ids}
+            cos = store.cosines(vector, list(set(contents.values())))
+            scored = sorted(((cid, cos[c]) for cid, c in contents.items() if c in cos), key=lambda x: -x[1])
+            return scored[:n]
+        want = n * 2
+        while True:
+            near = store.nearest(vector, want)
+            out: list[tuple[str, float]] = []
+            with view.mutex:
+                for content, cos in near:
+                    out.extend((cid, cos) for cid in sorted(view.content_ids.get(content, ())))
+            if len(out) >= n or want >= len(store):
+                return list(dict.fromkeys(out))[:n]
+            want *= 4
+
+    def cosines(self, vector: Sequence[float], ids: Sequence[str]) -> dict[str, float]:
+        """Cosine of the query with each chunk that has a vector."""
+        with self._engine.view.mutex:
+            contents = {cid: c.content for cid in ids if (c := self._engine.view.chunks.get(cid)) is not None}
+        cos = self._engine.store.cosines(vector, list(set(contents.values())))
+        return {cid: cos[c] for cid, c in contents.items() if c in cos}
+
+    def get_vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """Stored vectors by chunk id (ids without a vector are absent)."""
+        out: dict[str, list[float]] = {}
+        for cid in ids:
+            v = self._engine.store.vector(content_of(cid))
+            if v is not None:
+                out[cid] = v.tolist()
+        return out
+
+    def count(self) -> int:
+        """Chunks of the view that have a vector."""
+        with self._engine.view.mutex:
+            return sum(1 for c in self._engine.view.chunks.values() if c.content in self._engine.store)
+
+
+class Engine:
+    """One vault's index as this process sees it, kept equal to the notes on disk by sync_all / apply_file_changes.
+
+    `view` (files, chunks, bm25; guarded by `mutex`) is what searches read; `store` holds the vectors; `vectors`
+    searches them in chunk terms. Writers serialize on a file lock held only for commits, never while embedding.
+    """
+
+    def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
+        self.cfg = cfg
+        self.embedder: Embedder = embedder or SentenceTransformerEmbedder(cfg.embed_model, cfg.embed_device, cfg.embed_batch_size)
+        self.tokenizer = tokenizer or Tokenizer()
+        self.view = IndexView(self.tokenizer, cfg.metadata_weight)
+        self.store = VectorStore(cfg.index_dir)
+        self.vectors = ChunkVectors(self)
+        self.state_path = cfg.index_dir / "state.json"
+        self.params: dict[str, Any] = {
+            "chunker": CHUNKER_VERSION,
+            "embed_labels": EMBED_LABELS,
+            "chunk_tokens": cfg.chunk_tokens,
+            "overlap_tokens": cfg.overlap_tokens,
+            "model": self.embedder.name,
+            "tokenizer": self.tokenizer.signature,
+            "metadata_weight": cfg.metadata_weight,
+        }
+        self.model_error: str | None = None  # set once the model failed to load: keyword-only from then on
+        self.last_report: SyncReport | None = None
+        self.last_sync_at: float | None = None
+        self.progress: tuple[int, int] | None = None  # (chunks done, total) while embedding
+        self.cancel = False  # set by a shutting-down server: stop after the current batch
+        self._sync_lock = threading.Lock()  # one sync at a time in this process
+        self._embed_lock = threading.Lock()  # one embedding run at a time in this process
+        self._file_lock = FileLock(cfg.index_dir / "lock")  # one writer at a time across processes
+        self._embed_claim = FileLock(cfg.index_dir / "embed.lock")  # one embedding run at a time across processes
+        self._view_loaded = False
+        self._swept = False
+        self._state: dict[str, FileRecord] | None = None  # state.json as last read (None: not yet)
+        self._state_stats: dict[str, tuple[int, int]] = {}
+        self._state_rework = False  # some record must be re-read (its chunking parameters changed)
+        self._state_meta: dict[str, Any] = {}
+        self._state_id: tuple | None = None
+        self._switch_model = False  # state.json names another model: check ours loads, then re-embed everything
+        self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
+        self._state_lock = threading.RLock()  # this process's threads re-read state.json one at a time
+        self._segments_swept = False
+
+    # ---- the view, for readers ---------------------------------------------------------------------------------
+
+    @property
+    def mutex(self) -> threading.RLock:
+        return self.view.mutex
+
+    @property
+    def files(self) -> dict[str, FileRecord]:
+        return self.view.files
+
+    @property
+    def chunks(self) -> dict[str, ChunkRecord]:
+        return self.view.chunks
+
+    @property
+    def bm25(self) -> Any:
+        return self.view.bm25
+
+    @property
+    def syncing(self) -> bool:
+        return self._sync_lock.locked() or self._embed_lock.locked()
+
+    @property
+    def view_changed(self) -> bool:
+        """Whether the view differs from the BM25 pickle on disk (loaded or last saved by this process)."""
+        return self.view.changed_since_save
+
+    def save_view(self) -> None:
+        """Persist this process's view as the BM25 pickle (atomic), so the next process starts from it."""
+        self.view.save(self.cfg.bm25_index_file, self._view_params())
+
+    def skipped_files(self) -> dict[str, str]:
+        with self.mutex:
+            return {p: r.skipped for p, r in self.files.items() if r.skipped}
+
+    @property
+    def pending_vectors(self) -> int:
+        """Chunks committed to the index that have no vector yet (being embedded, or waiting for the model)."""
+        return len(self._pending_contents())
+
+    def model_warning(self) -> str | None:
+        """A warning when the model is English-only and the vault mostly Chinese, naming what to use instead."""
+        if not is_english_only(self.embedder.name):
+            return None
+        with self.mutex:
+            sample = [c.text for c in itertools.islice(self.chunks.values(), LANGUAGE_SAMPLE_CHUNKS)]
+        share = cjk_share("".join(sample))
+        if share < CHINESE_VAULT_SHARE:
+            return None
+        return (
+            f"the vault's text is {share:.0%} Chinese but embedding.model '{self.embedder.name}' is English-only, so "
+            f"semantic search on Chinese will be weak (keyword search is unaffected). Set embedding.model to "
+            f"{MULTILINGUAL_SUGGESTION} and run ingest.py again."
+        )
+
+    # ---- syncing -----------------------------------------------------------------------------------------------
+
+    def sync_all(
+        self,
+        *,
+        rebuild: bool = False,
+        progress: ProgressFn | None = None,
+        write: bool = True,
+        embed_limit: int | None = None,
+    ) -> SyncReport:
+        """Reconcile the whole vault, then embed chunks without a vector.
+
+        `write=False` updates only this process's keyword view (no model, no lock). `embed_limit`: embed everything
+        now (None), nothing (0), or only if at most that many chunks lack a vector (the rest: `embed_pending`).
+        """
+        with self._sync_lock:
+            return self._sync(None, rebuild=rebuild, progress=progress, write=write, embed_limit=embed_limit)
+
+    def apply_file_changes(
+        self, paths: Iterable[str | Path], *, write: bool = True, embed_limit: int | None = INLINE_EMBED_CHUNKS
+    ) -> SyncReport:
+        """Reconcile only these notes (absolute or vault-relative; a deleted one leaves the index)."""
+        with self._sync_lock:
+            return self._sync(list(paths), write=write, embed_limit=embed_limit)
+
+    def try_sync(
+        self, wait_s: float, paths: Iterable[str | Path] | None = None, *, embed_limit: int | None = INLINE_EMBED_CHUNKS
+    ) -> SyncReport | None:
+        """sync_all (or apply_file_changes for `paths`), unless another thread's sync is still running after
+        `wait_s` seconds: then None, and the caller answers from the current view."""
+        if not self._sync_lock.acquire(timeout=wait_s):
+            return None
+        try:
+            return self._sync(None if paths is None else list(paths), write=self.model_error is None, embed_limit=embed_limit)
+        finally:
+            self._sync_lock.release()
+
+    def _sync(
+        self,
+        paths: list[str | Path] | None,
+        *,
+        rebuild: bool = False,
+        progress: ProgressFn | None = None,
+        write: bool = True,
+        embed_limit: int | None = None,
+    ) -> SyncReport:
+        t0 = time.perf_counter()
+        report = SyncReport()
+        full = paths is None
+        if not self._view_loaded:
+            self._view_loaded = True
+            self.view.load(self.cfg.bm25_index_file, self._view_params())
+        if full and not self._swept:
+            self._swept = True
+            sweep_temp_files(self.cfg.kb_dir, recursive=True)  # hidden copies of notes a killed append left
+        if rebuild:
+            self._rebuild(report)
+        disk = scan_vault(self.cfg) if full else self._stat_paths(paths or [])
+        committed = False
+        if write:
+            try:
+                self._write_sync(disk, full, report, progress)
+                committed = True
+            except ModelUnavailableError as e:
+                self.model_error = str(e)
+                logger.warning("%s. Keyword search stays current meanwhile.", e)
+            except LockTimeoutError as e:
+                report.lock_timeout = True
+                report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
+        report.vectors = committed
+        self._reconcile_view(disk, full, report)
+        if committed and embed_limit != 0:
+            pending = self._pending_contents()
+            if pending and (embed_limit is None or len(pending) <= embed_limit):
+                self._embed_reporting(report, progress, wait=embed_limit is None)
+        present = sum(1 for s in disk.values() if s is not None)
+        report.unchanged = max(0, present - report.added - report.changed - report.touched - report.skipped)
+        report.pending_vectors = self.pending_vectors if self.model_error is None else 0
+        report.elapsed_ms = (time.perf_counter() - t0) * 1000
+        self.last_report, self.last_sync_at = report, time.time()
+        for reason in report.reasons:
+            logger.info("%s", reason)
+        (logger.info if report.did_work else logger.debug)("sync: %s", report.summary())
+        return report
+
+    def _stat_paths(self, paths: Iterable[str | Path]) -> dict[str, tuple[int, int] | None]:
+        out: dict[str, tuple[int, int] | None] = {}
+        for p in paths:
+            rel = note_rel_path(self.cfg, p if Path(p).is_absolute() else self.cfg.kb_dir / p)
+            if rel is None:
+                logger.debug("not a note of this vault, ignored: %s", p)
+                continue
+            try:
+                st = os.stat(self.cfg.kb_dir / rel)
+                out[rel] = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                out[rel] = None
+        return out
+
+    def _rebuild(self, report: SyncReport) -> None:
+        with self._locked():
+            self.cfg.bm25_index_file.unlink(missing_ok=True)
+            self._set_state({})
+            self._state_meta = {"generation": self._state_meta.get("generation", 0)}
+            self._commit_state(segments=())
+            self.store.remove_unlisted(())
+            self.store.load(())
+            self.view.clear()
+            report.reasons.append("rebuild requested: the index of this vault was cleared")
+
+    def _locked(self) -> Any:
+        return self._file_lock.hold(self.cfg.lock_timeout_s)
+
+    # ---- state.json ---------------------------------------------------------------------------------------------
+
+    def _read_state(self, reasons: list[str]) -> None:
+        """Load state.json (and the vector segments it names); if the index parameters changed, say what is redone."""
+        self._state_id = file_identity(self.state_path)
+        try:
+            data = read_state_file(self.state_path)
+        except ValueError as e:
+            reasons.append(
+                f"state file {self.state_path} is unusable ({e}); re-indexing from the notes (vectors are re-embedded)"
+            )
+            data = None
+        if data is None:
+            self._set_state({})
+            self._state_meta = {"generation": self._state_meta.get("generation", 0)}
+            self._switch_model = False
+            return
+        files: dict[str, FileRecord] = data.pop("files")
+        old = data.get("params", {})
+        self._switch_model = old.get("model") != self.params["model"]
+        if any(old.get(k) != self.params[k] for k in CHUNK_PARAMS):
+            changes = ", ".join(f"{k} {old.get(k)} -> {self.params[k]}" for k in CHUNK_PARAMS if old.get(k) != self.params[k])
+            reasons.append(f"chunking changed ({changes}): re-chunking every note; vectors of unchanged text are reused")
+            files = {p: replace(r, md5="") for p, r in files.items()}  # md5 "" forces a re-read
+        self._set_state(files)
+        self._state_meta = data
+        if not self._switch_model:
+            self._load_segments()
+
+    def _load_segments(self) -> None:
+        names = self._state_meta.get("segments", ())
+        try:
+            self.store.load(names)
+        except FileNotFoundError:
+            # compacted by another process between our read of state.json and now: its new state names the rest
+            self._state_id = None
+            raise _Retry() from None
+
+    def _set_state(self, files: dict[str, FileRecord]) -> None:
+        """Adopt a state table, with the stat map the no-change fast path compares against."""
+        self._state = files
+        self._state_stats = {p: (r.mtime_ns, r.size) for p, r in files.items()}
+        self._state_rework = any(not (r.md5 or r.skipped) for r in files.values())
+
+    def _commit_state(self, segments: Sequence[str] | None = None) -> None:
+        """Replace state.json (the commit point); `segments` replaces the list of vector segments it names."""
+        meta = dict(self._state_meta, params=self.params, generation=int(self._state_meta.get("generation", 0)) + 1)
+        if segments is not None:
+            meta["segments"] = list(segments)
+        meta.setdefault("segments", list(self.store.segments))
+        write_state_file(self.state_path, meta, self._state or {})
+        self._state_meta = meta
+        self._state_id = file_identity(self.state_path)
+
+    def _refresh_state(self, reasons: list[str]) -> bool:
+        """Re-read state.json if another process replaced it; True if it did."""
+        for _ in range(STATE_RETRIES):
+            with self._state_lock:
+                if self._state is not None and file_identity(self.state_path) == self._state_id:
+                    return False
+                try:
+                    self._read_state(reasons)
+                    return True
+                except _Retry:
+                    continue
+        raise KBError(f"the index at {self.cfg.index_dir} keeps changing under this process; try again")
+
+    # ---- the writer: notes -> state.json ----------------------------------------------------------------------------
+
+    def _write_sync(
+        self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport, progress: ProgressFn | None
+    ) -> None:
+        self._refresh_state(report.reasons)
+        assert self._state is not None
+        if self._switch_model:
+            self._adopt_model(report)
+        work = self._work_list(disk, full)
+        plans: list[_Plan] = []
+        removed: list[str] = []
+        for i, (path, stat) in enumerate(work, 1):
+            if stat is None:
+                removed.append(path)
+            else:
+                plans.append(self._plan(path, stat, self._state.get(path)))
+            if progress and (i % 100 == 0 or i == len(work)):
+                progress("read", i, len(work))
+        with self.mutex:
+            self.view.refresh_user_terms(adding=[p.record for p in plans if p.chunks])
+        batch: list[_Plan] = []
+        size = 0
+        for n, plan in enumerate(plans, 1):
+            batch.append(plan)
+            size += len(plan.chunks)
+            if size >= COMMIT_CHUNKS or n == len(plans):
+                self._commit_batch(batch, removed if n == len(plans) else [], report)
+                batch, size = [], 0
+        if not plans and removed:
+            self._commit_batch([], removed, report)
+
+    def _adopt_model(self, report: SyncReport) -> None:
+        """state.json names another model: prove ours loads before dropping a single old vector, then re-embed all."""
+        old = self._state_meta.get("params", {}).get("model")
+        self.embedder.embed_query("model check")  # raises ModelUnavailableError: nothing is dropped
+        with self._locked():
+            self._refresh_state(report.reasons)
+            if not self._switch_model:
+                return  # another process switched meanwhile
+            self._commit_state(segments=())
+            self.store.remove_unlisted(())
+            self.store.load(())
+            self._switch_model = False
+        report.reasons.append(f"embedding model changed from {old!r} to {self.params['model']!r}: re-embedding every chunk")
+
+    def _work_list(self, disk: dict[str, tuple[int, int] | None], full: bool) -> list[tuple[str, tuple[int, int] | None]]:
+        if full and not self._state_rework and disk == self._state_stats:
+            return []  # the common case before a search: one dict comparison instead of a loop over every note
+        state = self._state or {}
+        work: list[tuple[str, tuple[int, int] | None]] = []
+        for path, stat in disk.items():
+            old = state.get(path)
+            if stat is None:
+                if old is not None:
+                    work.append((path, None))
+            elif old is None or (old.mtime_ns, old.size) != stat or not (old.md5 or old.skipped):
+                work.append((path, stat))
+        if full:
+            work.extend((p, None) for p in state if p not in disk)
+        return work
+
+    def _plan(self, path: str, stat: tuple[int, int], old: FileRecord | None) -> _Plan:
+        """Read a note once: same md5 as `old` -> touched; else chunked; unreadable -> a record with a skip reason."""
+        try:
+            if stat[1] > self.cfg.max_file_bytes:
+                raise ValueError(f"larger than max_file_bytes ({stat[1]} > {self.cfg.max_file_bytes} bytes)")
+            raw = (self.cfg.kb_dir / path).read_bytes()
+            md5 = hashlib.md5(raw).hexdigest()
+            if old is not None and old.md5 == md5 and not old.skipped:
+                return _Plan(path, replace(old, mtime_ns=stat[0], size=stat[1]), [], touched=True)
+            text, encoding = decode_note(raw)
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            logger.warning("skipping %s: %s", path, reason)
+            return _Plan(path, FileRecord(stat[0], stat[1], "", skipped=reason), [])
+        parsed = chunk_note(text, Path(path).stem, self.cfg.chunk_tokens, self.cfg.overlap_tokens)
+        if parsed.frontmatter_error:
+            logger.info("%s: %s; its frontmatter is indexed as text", path, parsed.frontmatter_error)
+        path_key = content_hash(path)[:8]
+        seen: dict[str, int] = {}
+        chunks: list[ChunkRecord] = []
+        labels = _labels(parsed.aliases, parsed.tags)
+        for ch in parsed.chunks:
+            ctx = chunk_context(parsed.title, ch.heading_path)
+            content = content_hash(_embed_text(ctx, labels, ch.text))
+            n = seen[content] = seen.get(content, -1) + 1  # identical chunks within one note stay distinct
+            cid = f"{path_key}-{content}" + (f"-{n}" if n else "")
+            chunks.append(ChunkRecord(cid, path, ch.heading_path, ch.line_start, ch.line_end, ch.text, ctx, content))
+        record = FileRecord(
+            stat[0], stat[1], md5, tuple(c.id for c in chunks), parsed.title, parsed.tags, parsed.aliases, encoding
+        )
+        return _Plan(path, record, chunks)
+
+    def _commit_batch(self, batch: list[_Plan], removed: list[str], report: SyncReport) -> None:
+        """Commit one batch of notes' records to state.json under the inter-process lock (no embedding here)."""
+        counts: dict[str, int] = {"added": 0, "changed": 0, "removed": 0, "touched": 0, "skipped": 0}
+        details: list[tuple[str, str]] = []
+        done: list[_Plan] = []
+        with self._locked():
+            self._refresh_state(report.reasons)
+            state = dict(self._state or {})  # applied to self._state only once the batch is committed
+            stale: set[str] = set()
+            for plan in batch:
+                cur = state.get(plan.path)
+                if cur is not None and cur.md5 and cur.md5 == plan.record.md5:
+                    if not plan.touched and cur.mtime_ns == plan.record.mtime_ns:
+                        done.append(plan)  # another process indexed this exact content already
+                        continue
+                    state[plan.path] = replace(cur, mtime_ns=plan.record.mtime_ns, size=plan.record.size)
+                    counts["touched"] += 1
+                    details.append((plan.path, "touched"))
+                    continue
+                if plan.touched:
+                    continue  # state moved on since we read it; the next sync re-reads this note
+                stale |= set(cur.chunks if cur else ()) - set(plan.record.chunks)
+                kind = "skipped" if plan.record.skipped else "changed" if cur else "added"
+                counts[kind] += 1
+                details.append((plan.path, f"skipped: {plan.record.skipped}" if plan.record.skipped else kind))
+                state[plan.path] = plan.record
+                done.append(plan)
+            for path in removed:
+                cur = state.pop(path, None)
+                if cur is not None:
+                    stale |= set(cur.chunks)
+                    counts["removed"] += 1
+                    details.append((path, "removed"))
+            live = {content_of(cid) for r in state.values() for cid in r.chunks}
+            report.chunks_deleted += len(stale)
+            report.chunks_reused += sum(1 for p in done for c in p.chunks if c.content in self.store)
+            self._set_state(state)
+            segments = self.store.compacted(live) if stale else None
+            self._commit_state(segments)
+            self._sweep_segments(force=segments is not None)
+            if segments is not None:
+                self.store.load(segments)
+        for kind, n in counts.items():
+            setattr(report, kind, getattr(report, kind) + n)
+        report.details.extend(details)
+        with self.mutex:
+            for plan in done:
+                self.view.put(plan.path, plan.record, plan.chunks)
+            for path in removed:
+                self.view.put(path, None, ())
+
+    def _sweep_segments(self, force: bool = False) -> None:
+        """Remove segment files state.json does not name (once per process, or after a compaction).
+
+        Only under the index lock: every writer writes its segment and names it in one lock-hold, so an unnamed
+        file then is a crashed writer's or a replaced one.
+        """
+        if force or not self._segments_swept:
+            self._segments_swept = True
+            self.store.remove_unlisted(self._state_meta.get("segments", ()))
+
+    # ---- vectors: chunks without one get embedded ---------------------------------------------------------------
+
+    def _pending_contents(self) -> list[str]:
+        """Content hashes that state.json's chunks reference and the store lacks (cached per state and segments)."""
+        key = (self._state_id, self.store.segments, len(self.store))
+        if self._pending[0] != key:
+            state = self._state or {}
+            self._pending = (key, self.store.missing(content_of(cid) for r in state.values() for cid in r.chunks))
+        return self._pending[1]
+
+    def embed_pending(self, progress: ProgressFn | None = None, *, wait: bool = True) -> SyncReport:
+        """Embed every committed chunk that has no vector (after a bulk change, a crash, or another process's
+        commit), in batches, each one a new segment and a commit. With another process already embedding this
+        index: wait for it (`wait`) or return at once. The server runs this in the background."""
+        report = SyncReport()
+        self._embed_reporting(report, progress, wait=wait)
+        report.pending_vectors = self.pending_vectors if self.model_error is None else 0
+        return report
+
+    def _embed_reporting(self, report: SyncReport, progress: ProgressFn | None, *, wait: bool) -> None:
+        """_embed, with a model that cannot load or a busy lock turned into the report's words (nothing is lost:
+        the chunks stay pending for the next sync)."""
+        if self.model_error is not None:
+            return
+        try:
+            self._embed(report, progress, wait=wait)
+        except ModelUnavailableError as e:
+            self.model_error = str(e)
+            logger.warning("%s. Keyword search stays current meanwhile.", e)
+        except LockTimeoutError as e:
+            report.lock_timeout = True
+            report.reasons.append(f"{e}; the chunks still without a vector are embedded by the next sync")
+
+    def _embed(self, report: SyncReport, progress: ProgressFn | None, *, wait: bool) -> None:
+        if not self._embed_lock.acquire(blocking=wait):
+            return
+        try:
+            while not self._embed_claim.try_acquire():  # another process embeds this index: never embed twice
+                if not wait:
+                    return
+                time.sleep(EMBED_WAIT_POLL_S)
+                self._refresh_state(report.reasons)
+                if not self._pending_contents():
+                    return
+            try:
+                self._embed_claimed(report, progress)
+            finally:
+                self._embed_claim.release()
+        finally:
+            self._embed_lock.release()
+            self.progress = None
+
+    def _embed_claimed(self, report: SyncReport, progress: ProgressFn | None) -> None:
+        self._refresh_state(report.reasons)
+        total = len(self._pending_contents())
+        done = 0
+        while not self.cancel:
+            pending = self._pending_contents()
+            texts = self._texts_for(pending[:EMBED_BATCH])
+            if not texts:
+                if pending:
+                    logger.debug("%d chunks without a vector are not in this view yet; the next sync embeds them", len(pending))
+                return
+            vectors = self.embedder.embed_documents(list(texts.values()))  # outside the lock: may take seconds
+            report.chunks_embedded += len(vectors)
+            with self._locked():
+                self._refresh_state(report.reasons)
+                if self._switch_model:
+                    return  # another process moved the index to another model: these vectors are not wanted
+                self._sweep_segments()
+                segments = self.store.write_segment(dict(zip(texts, vectors)))
+                if segments != self.store.segments:
+                    self._commit_state(segments)
+                    self.store.load(segments)
+            done += len(texts)
+            self.progress = (done, max(total, done))
+            if progress:
+                progress("embed", done, max(total, done))
+        report.reasons.append("embedding stopped early; the next sync resumes where this one stopped")
+
+    def _texts_for(self, contents: Sequence[str]) -> dict[str, str]:
+        """The text to embed for each content hash, from a chunk of the view holding it."""
+        out: dict[str, str] = {}
+        with self.mutex:
+            for content in contents:
+                ids = self.view.content_ids.get(content)
+                if ids:
+                    c = self.view.chunks[min(ids)]
+                    out[content] = embed_text(c, self.view.files.get(c.path))
+        return out
+
+    # ---- the view: notes -> this process's BM25 ------------------------------------------------------------
+
+    def _view_params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.params.items() if k != "model"}
+
+    def _reconcile_view(self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport) -> None:
+        """Make this process's view match the notes: take records another process committed, re-chunk the rest."""
+        try:
+            self._refresh_state([] if report.vectors else report.reasons)
+        except KBError as e:
+            report.reasons.append(str(e))
+        state = self._state or {}
+        view = self.view
+        with self.mutex:
+            if full and disk == view.stat_map():  # nothing differs: the no-change fast path
+                if report.did_work:
+                    view.refresh_user_terms()
+                return
+            gone = [p for p, s in disk.items() if s is None and p in view.files]
+            if full:
+                gone += [p for p in view.files if p not in disk]
+            todo = [
+                (p, s)
+                for p, s in disk.items()
+                if s is not None and (p not in view.files or (view.files[p].mtime_ns, view.files[p].size) != s)
+            ]
+        changed = bool(gone)
+        with self.mutex:
+            for path in gone:
+                view.put(path, None, ())
+                if not report.vectors:
+                    report.removed += 1
+        plans: list[tuple[_Plan, FileRecord | None]] = []
+        for path, stat in todo:
+            mine = view.files.get(path)
+            shared = state.get(path)
+            if mine and shared and mine.md5 and shared.md5 == mine.md5 and (shared.mtime_ns, shared.size) == stat:
+                with self.mutex:
+                    view.set_record(path, replace(mine, mtime_ns=stat[0], size=stat[1]))
+                continue
+            plans.append((self._plan(path, stat, mine), mine))
+        with self.mutex:
+            if plans:
+                view.refresh_user_terms(adding=[p.record for p, _ in plans if p.chunks])
+            for plan, mine in plans:
+                if plan.touched:
+                    view.set_record(plan.path, plan.record)
+                    continue
+                view.put(plan.path, plan.record, plan.chunks)
+                changed = True
+                if not report.vectors:
+                    kind = "skipped" if plan.record.skipped else "changed" if mine else "added"
+                    setattr(report, kind, getattr(report, kind) + 1)
+        if changed or report.did_work:
+            with self.mutex:
+                view.refresh_user_terms()
+
+
+class _Retry(Exception):
+    """state.json named a segment that is already gone: read state.json again."""

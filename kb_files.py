@@ -1,0 +1,89 @@
+"""The one atomic-write helper (temp file, fsync, rename, fsync of the folder) and the sweep of its leftovers.
+
+Every file the project writes (state.json, the BM25 view, vector segments, appended notes) goes through here.
+Imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# Temp files start with this, so a crash's leftovers are recognisable (and hidden: the scanner skips dot-files).
+TEMP_PREFIX = ".kb-tmp-"
+TEMP_SUFFIX = ".tmp"
+# A leftover temp file older than this belongs to no live writer (writes finish in well under a minute).
+STALE_TEMP_S = 600.0
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable where the OS supports opening folders (POSIX); a no-op elsewhere."""
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (e.g. network mounts) refuse fsync on a folder; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None, durable: bool = True) -> None:
+    """Replace `path` with `data` so readers see the old or the new file, never a part of one.
+
+    `mode` sets the new file's permission bits (e.g. a note's own); `durable=False` skips the fsyncs for
+    caches that are cheap to rebuild.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str, *, mode: int | None = None, durable: bool = True) -> None:
+    """atomic_write_bytes for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
+
+
+def sweep_temp_files(folder: Path, *, older_than_s: float = STALE_TEMP_S, recursive: bool = False) -> list[Path]:
+    """Delete temp files a killed writer left in `folder` (only ours, only old ones); returns what was removed."""
+    removed: list[Path] = []
+    cutoff = time.time() - older_than_s
+    pattern = f"**/{TEMP_PREFIX}*{TEMP_SUFFIX}" if recursive else f"{TEMP_PREFIX}*{TEMP_SUFFIX}"
+    try:
+        candidates = list(folder.glob(pattern))
+    except OSError:
+        return removed
+    for p in candidates:
+        try:
+            if p.is_file() and not p.is_symlink() and p.stat().st_mtime < cutoff:
+                p.unlink()
+                removed.append(p)
+        except OSError as e:
+            logger.debug("could not remove leftover temp file %s: %s", p, e)
+    if removed:
+        logger.info("removed %d temp files left by an interrupted write in %s", len(removed), folder)
+    return removed

@@ -1,0 +1,198 @@
+"""Chunk vectors in files that the index's own commit protects: immutable segments, keyed by content hash.
+
+Each write adds one segment file (`vectors/seg-*.npz`, written atomically) *before* state.json names it, so a reader
+that follows state.json only ever loads complete segments, and a crash leaves at most an unnamed file that the next
+writer sweeps. No process holds a database open, so any number of processes read at once and a killed one corrupts
+nothing. Search is an exact cosine (one matrix-vector product). Imports kb_config and kb_files only.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kb_config import IndexFormatError
+from kb_files import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+
+# Folder under the index folder that holds the segment files.
+SEGMENT_DIR = "vectors"
+SEGMENT_SUFFIX = ".npz"
+# Compact into one segment once this many segments exist (each commit with new vectors adds one)...
+MAX_SEGMENTS = 24
+# ...or once rows no chunk references (edited or deleted text) exceed this share of all rows...
+COMPACT_DEAD_SHARE = 0.3
+# ...and this many, so a small index is not rewritten on every edit.
+COMPACT_MIN_DEAD = 500
+# Stored precision: float32 keeps cosines exact to ~1e-7 at half the memory of float64.
+DTYPE = np.float32
+
+
+class VectorStore:
+    """The vectors of one index as this process sees them: the segments state.json names, merged in memory.
+
+    Writers call `write_segment` (under the index lock) and then commit state.json naming the new list of segments;
+    readers call `load(segment_names)` with the list they read from state.json. Thread-safe.
+    """
+
+    def __init__(self, index_dir: Path) -> None:
+        self.folder = index_dir / SEGMENT_DIR
+        self._lock = threading.RLock()
+        self._segments: tuple[str, ...] = ()
+        self._keys: list[str] = []
+        self._row: dict[str, int] = {}
+        self._matrix = np.zeros((0, 0), dtype=DTYPE)
+        self._cache: dict[str, tuple[list[str], np.ndarray]] = {}  # segment name -> (keys, vectors)
+
+    # ---- what is loaded ---------------------------------------------------------------------------------------
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        return self._segments
+
+    @property
+    def dim(self) -> int:
+        return int(self._matrix.shape[1]) if self._matrix.size else 0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, content: object) -> bool:
+        return content in self._row
+
+    def missing(self, contents: Iterable[str]) -> list[str]:
+        """The content hashes that have no vector yet, in the order given, without repeats."""
+        with self._lock:
+            return [c for c in dict.fromkeys(contents) if c not in self._row]
+
+    def load(self, names: Sequence[str]) -> None:
+        """Adopt the segments state.json names (loading only new ones). Raises FileNotFoundError if one is gone
+        (another process compacted after we read state.json: re-read it and call again) or IndexFormatError."""
+        names = tuple(names)
+        with self._lock:
+            if names == self._segments:
+                return
+            loaded = {n: self._cache.get(n) or self._read(n) for n in names}
+            keys: list[str] = []
+            parts: list[np.ndarray] = []
+            dims = {v.shape[1] for _, v in loaded.values() if len(v)}
+            if len(dims) > 1:
+                raise IndexFormatError(
+                    f"vector segments in {self.folder} have different sizes {sorted(dims)}; "
+                    "run `python ingest.py --rebuild` to re-embed"
+                )
+            for n in names:
+                k, v = loaded[n]
+                keys.extend(k)
+                parts.append(v)
+            row: dict[str, int] = {}
+            for i, k in enumerate(keys):
+                row[k] = i  # a later segment's copy of the same text wins; either vector is the same model's
+            self._matrix = np.concatenate(parts) if parts and dims else np.zeros((0, 0), dtype=DTYPE)
+            self._keys, self._row, self._segments, self._cache = keys, row, names, loaded
+
+    def _read(self, name: str) -> tuple[list[str], np.ndarray]:
+        path = self.folder / name
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                keys = [str(k) for k in data["keys"]]
+                vectors = np.asarray(data["vectors"], dtype=DTYPE)
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError) as e:
+            raise IndexFormatError(
+                f"vector segment {path} is unreadable ({type(e).__name__}: {e}); run `python ingest.py --rebuild`"
+            ) from e
+        if vectors.ndim != 2 or len(keys) != len(vectors):
+            raise IndexFormatError(f"vector segment {path} is malformed; run `python ingest.py --rebuild`")
+        return keys, vectors
+
+    # ---- writing (the caller holds the index lock, then commits state.json with the returned list) -------------
+
+    def write_segment(self, vectors: dict[str, Sequence[float]]) -> tuple[str, ...]:
+        """Write the vectors (content hash -> vector) not yet stored as one new segment file.
+
+        Returns the segment list for state.json: the current one plus the new file (unchanged if nothing was new).
+        The store keeps showing the old list until `load` is called with the new one after the commit.
+        """
+        with self._lock:
+            new = {k: v for k, v in vectors.items() if k not in self._row}
+            if not new:
+                return self._segments
+            name = self._write(list(new), np.asarray(list(new.values()), dtype=DTYPE))
+            return (*self._segments, name)
+
+    def _write(self, keys: list[str], matrix: np.ndarray) -> str:
+        name = f"seg-{uuid.uuid4().hex[:16]}{SEGMENT_SUFFIX}"
+        buf = io.BytesIO()
+        np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix)
+        atomic_write_bytes(self.folder / name, buf.getvalue())
+        self._cache[name] = (keys, matrix)
+        return name
+
+    def compacted(self, live: set[str]) -> tuple[str, ...] | None:
+        """A one-segment list holding only `live` contents, when the store is fragmented or mostly dead; else None."""
+        with self._lock:
+            dead = len(self._row) - len(live & self._row.keys()) + (len(self._keys) - len(self._row))
+            fragmented = len(self._segments) > MAX_SEGMENTS
+            if not fragmented and not (dead >= COMPACT_MIN_DEAD and dead > COMPACT_DEAD_SHARE * len(self._keys)):
+                return None
+            keep = [k for k in self._row if k in live]
+            matrix = self._matrix[[self._row[k] for k in keep]] if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
+            return (self._write(keep, matrix),) if keep else ()
+
+    def remove_unlisted(self, listed: Iterable[str]) -> None:
+        """Delete segment files no longer named by state.json (after a compaction or a model change is committed).
+
+        A process still holding them in memory keeps working; one that reads the old state.json after this gets
+        FileNotFoundError from `load`, re-reads state.json and finds the new list.
+        """
+        keep = set(listed)
+        if not self.folder.is_dir():
+            return
+        for p in self.folder.glob(f"seg-*{SEGMENT_SUFFIX}"):
+            if p.name not in keep:
+                try:
+                    p.unlink()
+                except OSError as e:
+                    logger.debug("could not remove old vector segment %s: %s", p, e)
+        with self._lock:
+            self._cache = {n: v for n, v in self._cache.items() if n in keep}
+
+    # ---- reading -----------------------------------------------------------------------------------------------
+
+    def vector(self, content: str) -> np.ndarray | None:
+        with self._lock:
+            i = self._row.get(content)
+            return None if i is None else self._matrix[i]
+
+    def cosines(self, query: Sequence[float], contents: Sequence[str]) -> dict[str, float]:
+        """Cosine of the (unit) query with each stored content hash given (absent ones are left out)."""
+        with self._lock:
+            rows = [(c, self._row[c]) for c in contents if c in self._row]
+            if not rows:
+                return {}
+            sims = self._matrix[[i for _, i in rows]] @ np.asarray(query, dtype=DTYPE)
+        return {c: float(s) for (c, _), s in zip(rows, sims)}
+
+    def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]:
+        """The `n` stored contents nearest the (unit) query, as (content hash, cosine), best first.
+
+        Includes contents no chunk references any more; callers skip those and ask for more.
+        """
+        with self._lock:
+            if not self._keys or n <= 0:
+                return []
+            sims = self._matrix @ np.asarray(query, dtype=DTYPE)
+            keys = self._keys
+        n = min(n, len(sims))
+        top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
+        top = top[np.argsort(-sims[top], kind="stable")]
+        return [(keys[i], float(sims[i])) for i in top]
