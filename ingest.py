@@ -13,7 +13,7 @@ from typing import Any
 
 from kb_config import KBError, LockTimeoutError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
 from kb_engine import Engine, ProgressFn
-from kb_vectors import SentenceTransformerEmbedder
+from kb_vectors import make_embedder
 
 # ---- CLI ---------------------------------------------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose, args.quiet, default="WARNING")
     try:
         cfg = load_cli_config(args)
-        embedder = SentenceTransformerEmbedder(cfg.embed_model, cfg.embed_device, cfg.embed_batch_size, allow_download=True)
+        embedder = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, allow_download=True)
         engine = Engine(cfg, embedder)
         progress, close = _progress_bar(not args.quiet and sys.stderr.isatty())
         try:

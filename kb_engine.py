@@ -35,7 +35,7 @@ from kb_state import (
 )
 from kb_store import VectorStore
 from kb_text import CHUNKER_VERSION, Tokenizer, chunk_context, chunk_note, cjk_share, content_hash
-from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, SentenceTransformerEmbedder, is_english_only
+from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, is_english_only, make_embedder
 from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,9 @@ class Engine:
 
     def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
         self.cfg = cfg
-        self.embedder: Embedder = embedder or SentenceTransformerEmbedder(cfg.embed_model, cfg.embed_device, cfg.embed_batch_size)
+        self.embedder: Embedder = embedder or make_embedder(
+            cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size
+        )
         self.tokenizer = tokenizer or Tokenizer()
         self.view = IndexView(self.tokenizer, cfg.metadata_weight)
         self.store = VectorStore(cfg.index_dir)

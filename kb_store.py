@@ -173,13 +173,22 @@ class VectorStore:
             i = self._row.get(content)
             return None if i is None else self._matrix[i]
 
+    def _query(self, query: Sequence[float]) -> np.ndarray:
+        q = np.asarray(query, dtype=DTYPE)
+        if self._keys and q.shape != (self.dim,):
+            raise IndexFormatError(
+                f"the index's vectors have {self.dim} dimensions but the query has {q.size}: they come from another "
+                "embedding model; run `python ingest.py` to re-embed with the configured one"
+            )
+        return q
+
     def cosines(self, query: Sequence[float], contents: Sequence[str]) -> dict[str, float]:
         """Cosine of the (unit) query with each stored content hash given (absent ones are left out)."""
         with self._lock:
             rows = [(c, self._row[c]) for c in contents if c in self._row]
             if not rows:
                 return {}
-            sims = self._matrix[[i for _, i in rows]] @ np.asarray(query, dtype=DTYPE)
+            sims = self._matrix[[i for _, i in rows]] @ self._query(query)
         return {c: float(s) for (c, _), s in zip(rows, sims)}
 
     def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]:
@@ -190,7 +199,7 @@ class VectorStore:
         with self._lock:
             if not self._keys or n <= 0:
                 return []
-            sims = self._matrix @ np.asarray(query, dtype=DTYPE)
+            sims = self._matrix @ self._query(query)
             keys = self._keys
         n = min(n, len(sims))
         top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))

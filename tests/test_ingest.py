@@ -378,7 +378,7 @@ def test_ingest_cli_prints_json_summary_and_creates_config_on_first_run(small_va
     monkeypatch.setattr(kb_config, "EXAMPLE_CONFIG_FILE", example)
     monkeypatch.delenv("KB_CONFIG", raising=False)
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "SentenceTransformerEmbedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
     assert ingest.main(["--kb-dir", str(small_vault), "--json"]) == 0
     out, err = capsys.readouterr()
     assert "created" in err and (tmp_path / "config.yaml").is_file()
@@ -390,7 +390,7 @@ def test_ingest_cli_prints_json_summary_and_creates_config_on_first_run(small_va
 
 def test_ingest_cli_exits_1_with_message_for_missing_model(small_vault, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "SentenceTransformerEmbedder", lambda *a, **k: _BrokenModel())
+    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: _BrokenModel())
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"kb_dir: {small_vault}\n", encoding="utf-8")
     assert ingest.main(["--config", str(cfg_file)]) == 1

@@ -1,0 +1,94 @@
+"""kb_store: vector segments round-trip, exact nearest search, compaction and the errors a reader can meet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kb_store
+from kb_config import IndexFormatError
+from kb_store import VectorStore
+
+
+def _unit(*xs: float) -> list[float]:
+    v = np.asarray(xs, dtype=float)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+def test_segments_written_by_one_store_are_read_by_another(tmp_path):
+    writer = VectorStore(tmp_path)
+    segments = writer.write_segment({"a": _unit(1, 0, 0), "b": _unit(0, 1, 0)})
+    reader = VectorStore(tmp_path)
+
+    reader.load(segments)
+
+    assert len(reader) == 2 and "a" in reader and reader.dim == 3
+    assert reader.nearest(_unit(1, 0.1, 0), 1)[0][0] == "a"
+    assert reader.cosines(_unit(0, 1, 0), ["a", "b", "zzz"]) == pytest.approx({"a": 0.0, "b": 1.0})
+
+
+def test_write_segment_skips_vectors_already_stored(tmp_path):
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({"a": _unit(1, 0)}))
+
+    assert store.write_segment({"a": _unit(1, 0)}) == store.segments
+    assert store.missing(["a", "b", "b"]) == ["b"]
+
+
+def test_nearest_returns_best_first_and_at_most_n(tmp_path):
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({k: _unit(1, i) for i, k in enumerate("abcde")}))
+
+    found = store.nearest(_unit(1, 0), 3)
+
+    assert [k for k, _ in found] == ["a", "b", "c"]
+    assert store.nearest(_unit(1, 0), 50) and len(store.nearest(_unit(1, 0), 50)) == 5
+
+
+def test_compaction_keeps_only_live_vectors_and_old_files_can_be_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(kb_store, "COMPACT_MIN_DEAD", 1)
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({"a": _unit(1, 0), "b": _unit(0, 1)}))
+    store.load(store.write_segment({"c": _unit(1, 1)}))
+
+    compacted = store.compacted({"a", "c"})
+    assert compacted is not None and len(compacted) == 1
+    store.remove_unlisted(compacted)
+    store.load(compacted)
+
+    assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == list(compacted)
+    assert "b" not in store and "a" in store and "c" in store
+
+
+def test_compaction_is_skipped_when_little_is_dead(tmp_path):
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({"a": _unit(1, 0), "b": _unit(0, 1)}))
+
+    assert store.compacted({"a"}) is None
+
+
+def test_load_raises_file_not_found_when_a_named_segment_is_gone(tmp_path):
+    writer = VectorStore(tmp_path)
+    segments = writer.write_segment({"a": _unit(1, 0)})
+    writer.remove_unlisted(())
+
+    with pytest.raises(FileNotFoundError):
+        VectorStore(tmp_path).load(segments)
+
+
+def test_load_rejects_a_torn_segment_with_the_next_step(tmp_path):
+    segments = VectorStore(tmp_path).write_segment({"a": _unit(1, 0)})
+    (tmp_path / "vectors" / segments[0]).write_bytes(b"not a zip")
+
+    with pytest.raises(IndexFormatError, match="--rebuild"):
+        VectorStore(tmp_path).load(segments)
+
+
+def test_query_of_another_models_size_is_refused_with_the_next_step(tmp_path):
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({"a": _unit(1, 0, 0)}))
+
+    with pytest.raises(IndexFormatError, match="another embedding model"):
+        store.nearest(_unit(1, 0), 1)
+    with pytest.raises(IndexFormatError, match="another embedding model"):
+        store.cosines(_unit(1, 0), ["a"])
