@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Folder holding the scripts; the default config.yaml and config.example.yaml live here.
+# Folder holding the scripts; in a clone the default config.yaml and config.example.yaml live here.
 APP_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG_FILE = APP_DIR / "config.yaml"
 EXAMPLE_CONFIG_FILE = APP_DIR / "config.example.yaml"
+# Per-user folders of an installed command (~/.config/<name>, ~/.local/share/<name>; %APPDATA%, %LOCALAPPDATA%).
+APP_NAME = "second-brain-mcp"
+CONFIG_FILE_NAME = "config.yaml"
 
 # Environment variables (each overrides the config.yaml key beside it):
 #   KB_CONFIG               which config file to read (entry scripts also take --config PATH)
+#   XDG_CONFIG_HOME         where an installed command looks for second-brain-mcp/config.yaml (default ~/.config)
+#   XDG_DATA_HOME           where an installed command keeps its index when data_dir is unset (~/.local/share)
 #   KB_DIR                  kb_dir
 #   KB_DATA_DIR             data_dir
 #   KB_TOP_K                search.top_k
@@ -219,19 +224,54 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def ensure_config_file(path: Path | None = None) -> tuple[Path, bool]:
-    """Return the config file to use, creating config.yaml from config.example.yaml on first run.
+def running_from_clone() -> bool:
+    """True when the scripts run from a clone (config.example.yaml beside them), False for an installed command."""
+    return EXAMPLE_CONFIG_FILE.is_file()
 
-    Returns (path, created). Only the default location is created; an explicit path must exist.
+
+def user_config_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where an installed command looks for config.yaml: %APPDATA% on Windows, else $XDG_CONFIG_HOME or ~/.config."""
+    env = os.environ if env is None else env
+    if os.name == "nt" and env.get("APPDATA"):
+        return Path(env["APPDATA"]) / APP_NAME
+    return Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / APP_NAME
+
+
+def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The index folder of an installed command when data_dir is unset: %LOCALAPPDATA%, else $XDG_DATA_HOME or
+    ~/.local/share."""
+    env = os.environ if env is None else env
+    if os.name == "nt" and env.get("LOCALAPPDATA"):
+        return Path(env["LOCALAPPDATA"]) / APP_NAME
+    return Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / APP_NAME
+
+
+def config_candidates(env: Mapping[str, str] | None = None) -> list[Path]:
+    """Config files looked for, in order, when neither --config nor KB_CONFIG names one.
+
+    From a clone: config.yaml beside the scripts (created from config.example.yaml on first run). Installed:
+    ./config.yaml, then the per-user config folder.
+    """
+    if running_from_clone():
+        return [DEFAULT_CONFIG_FILE]
+    return [Path.cwd() / CONFIG_FILE_NAME, user_config_dir(env) / CONFIG_FILE_NAME]
+
+
+def ensure_config_file(path: Path | None = None, env: Mapping[str, str] | None = None) -> tuple[Path | None, bool]:
+    """Return the config file to use, creating config.yaml from config.example.yaml on a clone's first run.
+
+    Returns (path, created); path is None for an installed command that has no config file yet (defaults and
+    environment variables apply). An explicit path must exist.
     """
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing file or omit --config")
         return path, False
-    if DEFAULT_CONFIG_FILE.is_file():
-        return DEFAULT_CONFIG_FILE, False
-    if not EXAMPLE_CONFIG_FILE.is_file():
-        raise ConfigError(f"neither {DEFAULT_CONFIG_FILE} nor {EXAMPLE_CONFIG_FILE} exists; restore config.example.yaml")
+    for candidate in config_candidates(env):
+        if candidate.is_file():
+            return candidate, False
+    if not running_from_clone():
+        return None, False
     shutil.copyfile(EXAMPLE_CONFIG_FILE, DEFAULT_CONFIG_FILE)
     return DEFAULT_CONFIG_FILE, True
 
@@ -300,13 +340,16 @@ def load_config(
             continue
         out[f.attr] = tuple(v) if isinstance(v, list) else v
 
+    if sources["data_dir"] == "defaults" and not running_from_clone():
+        out["data_dir"] = str(user_data_dir(env))  # an installed command keeps its index in the per-user folder
     for attr in _PATH_ATTRS:
         raw = out.get(attr)  # absent when its value was invalid (already in errors)
         if raw:
             p = Path(os.path.expandvars(raw)).expanduser()
             out[attr] = (p if p.is_absolute() else base_dir / p).resolve()
     if not values["kb_dir"]:
-        errors.append("kb_dir is missing: set kb_dir in config.yaml, KB_DIR, or pass --kb-dir PATH to your notes folder")
+        where = "config.yaml" if running_from_clone() else f"{user_config_dir(env) / CONFIG_FILE_NAME}"
+        errors.append(f"kb_dir is missing: set kb_dir in {where}, KB_DIR, or pass --kb-dir PATH to your notes folder")
     elif isinstance(out.get("kb_dir"), Path) and not out["kb_dir"].is_dir():
         # Checked before raising so this is listed with every other violation, not found on the next run.
         errors.append(
@@ -333,20 +376,26 @@ NOISY_LOGGERS = ("chromadb", "httpx", "urllib3", "sentence_transformers", "trans
 
 def add_common_args(parser: Any) -> None:
     """--config, --kb-dir and -v/-q, shared by every entry script."""
-    parser.add_argument("--config", type=Path, help="config file (default: $KB_CONFIG, else config.yaml beside the scripts)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="config file (default: $KB_CONFIG, else config.yaml beside the scripts; installed: ./config.yaml, "
+        "else ~/.config/second-brain-mcp/config.yaml)",
+    )
     parser.add_argument("--kb-dir", type=Path, help="notes folder (overrides kb_dir / KB_DIR)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr (-vv: debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
 
 
 def load_cli_config(args: Any, env: Mapping[str, str] | None = None) -> Config:
-    """Config for an entry script: --config, else KB_CONFIG, else config.yaml (created from the example on first run)."""
+    """Config for an entry script: --config, else KB_CONFIG, else the first of config_candidates() (a clone creates
+    config.yaml from the example on first run)."""
     import sys
 
     env = os.environ if env is None else env
     path = args.config
     if path is None and not env.get(ENV_CONFIG):
-        path, created = ensure_config_file()
+        path, created = ensure_config_file(env=env)
         if created:
             print(f"created {path} from config.example.yaml (edit kb_dir there to index your own notes)", file=sys.stderr)
     overrides = {"kb_dir": str(Path(args.kb_dir).expanduser().resolve())} if getattr(args, "kb_dir", None) else {}

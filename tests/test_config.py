@@ -401,8 +401,42 @@ def test_ensure_config_file_copies_the_example_verbatim(app_files: tuple[Path, P
     assert default.read_bytes() == example.read_bytes()
 
 
-def test_ensure_config_file_rejects_when_neither_file_exists(app_files: tuple[Path, Path]) -> None:
-    with pytest.raises(ConfigError) as info:
-        ensure_config_file()
+# ---- an installed command (no config.example.yaml beside the modules) -------------------------------------
 
-    assert str(app_files[0]) in str(info.value) and str(app_files[1]) in str(info.value)
+
+@pytest.fixture
+def installed(tmp_path: Path, app_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """As after `pipx install .`: no example beside the modules, a working folder and per-user folders in tmp."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return {"XDG_CONFIG_HOME": str(tmp_path / "xdg-config"), "XDG_DATA_HOME": str(tmp_path / "xdg-data")}
+
+
+def test_installed_command_finds_no_config_and_creates_none(installed: dict[str, str], app_files: tuple[Path, Path]) -> None:
+    assert ensure_config_file(env=installed) == (None, False)
+    assert not app_files[0].exists()
+
+
+def test_installed_command_prefers_the_working_folder_config_over_the_user_one(tmp_path: Path, installed: dict[str, str]) -> None:
+    user = Path(installed["XDG_CONFIG_HOME"]) / "second-brain-mcp" / "config.yaml"
+    user.parent.mkdir(parents=True)
+    user.write_text("kb_dir: .\n", encoding="utf-8")
+
+    assert ensure_config_file(env=installed) == (user, False)
+    here = Path.cwd() / "config.yaml"
+    here.write_text("kb_dir: .\n", encoding="utf-8")
+    assert ensure_config_file(env=installed) == (here, False)
+
+
+def test_installed_command_keeps_its_index_in_the_user_data_folder(tmp_path: Path, installed: dict[str, str]) -> None:
+    cfg = load_config(None, env={**installed, "KB_DIR": str(tmp_path)})
+
+    assert cfg.data_dir == (Path(installed["XDG_DATA_HOME"]) / "second-brain-mcp").resolve()
+    explicit = load_config(None, env={**installed, "KB_DIR": str(tmp_path), "KB_DATA_DIR": str(tmp_path / "d")})
+    assert explicit.data_dir == (tmp_path / "d").resolve()
+
+
+def test_installed_command_without_kb_dir_names_the_user_config_file(installed: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"second-brain-mcp/config\.yaml"):
+        load_config(None, env=installed)
