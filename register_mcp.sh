@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Register the second-brain MCP server (mcp_server.py, stdio) with Claude Code via `claude mcp add`.
+# Register the second-brain MCP server (stdio) with Claude Code via `claude mcp add`.
 #
 # Usage: ./register_mcp.sh [PYTHON] [--config PATH] [--scope local|user|project]
 #
-#   PYTHON          interpreter that runs the server (default: .venv/bin/python beside this script if it
-#                   exists, else python3, else python)
+#   PYTHON          interpreter that runs mcp_server.py from this clone (default: the installed
+#                   `second-brain-mcp` command if it is on PATH, else .venv/bin/python beside this
+#                   script if it exists, else python3, else python)
 #   --config PATH   config file the server reads (default: $KB_CONFIG, else config.yaml beside the scripts,
 #                   created from config.example.yaml on first run)
 #   --scope SCOPE   user (default: every project), local (only the current folder, private to you) or
@@ -26,7 +27,7 @@ REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 SERVER_PY="$REPO_DIR/mcp_server.py"
 
 usage() {
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 die_usage() {
@@ -64,6 +65,13 @@ case "$SCOPE" in
 esac
 
 # ---- python --------------------------------------------------------------------------------------------------
+# An installed command (pipx install .) is registered as itself; its console script names its interpreter.
+INSTALLED=""
+if [ -z "$PY" ] && INSTALLED="$(command -v second-brain-mcp 2>/dev/null)" && [ -n "$INSTALLED" ]; then
+    INSTALLED="$(abs_path "$INSTALLED")"
+    PY="$(head -n 1 "$INSTALLED" | sed -n 's/^#! *//p' | cut -d' ' -f1)"
+    [ -x "$PY" ] || { echo "error: cannot find the interpreter of '$INSTALLED'; reinstall it or pass PYTHON" >&2; exit 1; }
+fi
 if [ -z "$PY" ]; then
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then
         PY="$REPO_DIR/.venv/bin/python"
@@ -101,18 +109,29 @@ fi
 # ---- server name, through the project's own config loader -----------------------------------------------------
 # load_cli_config is what mcp_server.py calls, so the name matches; it creates config.yaml on first run.
 NAME_ERR="$(mktemp "${TMPDIR:-/tmp}/register_mcp.XXXXXX")"
-NAME="$(cd "$REPO_DIR" && "$PY" -c '
+# From a clone it runs in the clone (its kb_config); installed, in the current folder with the installed modules.
+LOOKUP_DIR="$REPO_DIR"
+[ -n "$INSTALLED" ] && LOOKUP_DIR="$PWD"
+LOOKUP="$(cd "$LOOKUP_DIR" && "$PY" -c '
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 try:
     from kb_config import load_cli_config
     path = Path(sys.argv[1]) if sys.argv[1] else None
-    print(load_cli_config(SimpleNamespace(config=path, kb_dir=None)).server_name)
+    cfg = load_cli_config(SimpleNamespace(config=path, kb_dir=None))
+    print(cfg.server_name)
+    print(cfg.source)
 except Exception as e:  # the message is enough here; the traceback would bury it
     sys.exit(f"{type(e).__name__}: {e}")
 ' "$CONFIG" 2>"$NAME_ERR")"
 NAME_RC=$?
+NAME="$(printf '%s\n' "$LOOKUP" | sed -n 1p)"
+SOURCE="$(printf '%s\n' "$LOOKUP" | sed -n 2p)"
+# Claude Code starts servers in the project folder: pin the config an installed command found here.
+if [ -n "$INSTALLED" ] && [ -z "$CONFIG" ] && [ -n "$SOURCE" ] && [ "$SOURCE" != "defaults" ]; then
+    CONFIG="$SOURCE"
+fi
 if [ $NAME_RC -ne 0 ] || [ -z "$NAME" ]; then
     echo "warning: could not read server.name through kb_config; using '$FALLBACK_NAME'. The loader said:" >&2
     sed 's/^/  /' "$NAME_ERR" >&2
@@ -123,11 +142,17 @@ else
 fi
 rm -f "$NAME_ERR"
 
-SERVER_ARGS=("$SERVER_PY")
+if [ -n "$INSTALLED" ]; then
+    CMD="$INSTALLED"
+    SERVER_ARGS=()
+else
+    CMD="$PY"
+    SERVER_ARGS=("$SERVER_PY")
+fi
 [ -n "$CONFIG" ] && SERVER_ARGS+=("--config" "$CONFIG")
 
 # Shell-quoted, so a path with spaces can be pasted back into a terminal.
-SHOWN_CMD="$(printf '%q ' "$PY" "${SERVER_ARGS[@]}")"
+SHOWN_CMD="$(printf '%q ' "$CMD" ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"})"
 echo "server name: $NAME"
 echo "command:     $SHOWN_CMD"
 
@@ -142,7 +167,7 @@ if ! command -v claude >/dev/null 2>&1; then
     "$PY" -c '
 import json, sys
 print(json.dumps({"mcpServers": {sys.argv[1]: {"command": sys.argv[2], "args": sys.argv[3:]}}}, indent=2, ensure_ascii=False))
-' "$NAME" "$PY" "${SERVER_ARGS[@]}"
+' "$NAME" "$CMD" ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"}
     exit 0
 fi
 
@@ -151,7 +176,7 @@ fi
 if claude mcp remove "$NAME" --scope "$SCOPE" >/dev/null 2>&1; then
     echo "replaced the existing '$NAME' registration ($SCOPE scope)"
 fi
-if ! claude mcp add --scope "$SCOPE" "$NAME" -- "$PY" "${SERVER_ARGS[@]}"; then
+if ! claude mcp add --scope "$SCOPE" "$NAME" -- "$CMD" ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"}; then
     echo "error: 'claude mcp add' failed (see above); nothing was registered" >&2
     exit 1
 fi

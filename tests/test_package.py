@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kb_fixtures import REPO_ROOT, SAMPLE_KB
@@ -82,3 +85,45 @@ def test_installed_command_without_a_config_says_where_to_put_kb_dir(installed: 
 
     assert out.returncode == 1
     assert "kb_dir is missing" in out.stderr and str(tmp_path / "cfg" / "second-brain-mcp" / "config.yaml") in out.stderr
+
+
+def test_register_script_registers_the_installed_command_with_its_config(installed: Path, tmp_path: Path) -> None:
+    """With `second-brain-mcp` on PATH and no PYTHON given, the installed command is registered, and the config it
+    found is pinned (Claude Code starts servers in the project folder, where ./config.yaml would differ)."""
+    from test_register import CLAUDE, CLAUDE_ENV, CLAUDE_TIMEOUT_S, SCRIPT, _path_without_claude, _registrations, _snippet
+
+    home, xdg = tmp_path / "home", tmp_path / "xdg-config"
+    home.mkdir()
+    user_config = xdg / "second-brain-mcp" / "config.yaml"
+    user_config.parent.mkdir(parents=True)
+    user_config.write_text(
+        f"kb_dir: {json.dumps(str(SAMPLE_KB))}\ndata_dir: {json.dumps(str(tmp_path / 'data'))}\n"
+        "embedding:\n  model: hash-embedder\nserver:\n  name: sb-installed\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_"))}
+    env.update(CLAUDE_ENV, HOME=str(home), XDG_CONFIG_HOME=str(xdg))
+    command = installed / "bin" / "second-brain-mcp"
+
+    def register(path: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT)],
+            cwd=home,
+            env=dict(env, PATH=path),
+            capture_output=True,
+            text=True,
+            timeout=CLAUDE_TIMEOUT_S * 2,
+        )
+
+    offline = register(f"{installed / 'bin'}{os.pathsep}{_path_without_claude(tmp_path)}")
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    server = _snippet(offline.stdout)["mcpServers"]["sb-installed"]
+    assert server == {"command": str(command), "args": ["--config", str(user_config)]}
+
+    if CLAUDE is None:
+        pytest.skip("the claude CLI is not installed; the offline snippet was checked")
+    result = register(f"{installed / 'bin'}{os.pathsep}{CLAUDE.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sb-installed" in result.stdout and "Connected" in result.stdout
+    home_env = dict(env)
+    assert _registrations(SimpleNamespace(home=home, env=home_env), "sb-installed")[0]["command"] == str(command)
