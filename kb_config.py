@@ -41,10 +41,14 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_SERVER_NAME          server.name
 #   KB_LOG_LEVEL            server.log_level
 #   KB_WRITABLE             write.writable (comma-separated)
+#   KB_VECTOR_STORE         vector_store.mode
+#   KB_CHROMA_HOST          vector_store.host
+#   KB_CHROMA_PORT          vector_store.port
 ENV_CONFIG = "KB_CONFIG"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SEARCH_MODES = ("hybrid", "keyword", "semantic")
+VECTOR_STORE_MODES = ("local", "http")
 
 
 class KBError(Exception):
@@ -73,6 +77,10 @@ class WriteRefusedError(KBError):
 
 class LockTimeoutError(KBError):
     """Another process held the index lock for longer than we may wait."""
+
+
+class VectorStoreUnavailableError(KBError):
+    """The vector store (a Chroma server) cannot be reached or failed; keyword search still works."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,15 @@ def _str_list(v: list) -> str | None:
     return None if all(isinstance(e, str) and e.strip() for e in v) else "must be a list of non-empty strings"
 
 
+def _str_map(v: dict) -> str | None:
+    ok = all(isinstance(k, str) and k.strip() and isinstance(x, str) for k, x in v.items())
+    return None if ok else "must map header names to strings, e.g. {Authorization: 'Bearer ...'}"
+
+
+def _collection_prefix(v: str) -> str | None:
+    return None if re.fullmatch(r"[A-Za-z0-9._-]{0,40}", v) else "must be at most 40 of A-Z a-z 0-9 . _ -"
+
+
 FIELDS: tuple[_Field, ...] = (
     _Field("kb_dir", "kb_dir", str, "", "KB_DIR"),
     _Field("data_dir", "data_dir", str, ".kb_data", "KB_DATA_DIR"),
@@ -141,6 +158,12 @@ FIELDS: tuple[_Field, ...] = (
     _Field("write.creatable", "creatable", list, [], None, _str_list),
     _Field("write.max_append_chars", "max_append_chars", int, 20_000, None, _range(1, 1_000_000)),
     _Field("write.dedupe_window", "dedupe_window_s", float, 600.0, None, _range(0.0, 86400.0)),
+    _Field("vector_store.mode", "vector_mode", str, "local", "KB_VECTOR_STORE", _one_of(VECTOR_STORE_MODES)),
+    _Field("vector_store.host", "chroma_host", str, "localhost", "KB_CHROMA_HOST"),
+    _Field("vector_store.port", "chroma_port", int, 8000, "KB_CHROMA_PORT", _range(1, 65535)),
+    _Field("vector_store.ssl", "chroma_ssl", bool, False),
+    _Field("vector_store.headers", "chroma_headers", dict, {}, None, _str_map),
+    _Field("vector_store.collection_prefix", "chroma_prefix", str, "sb-", None, _collection_prefix),
 )
 _BY_KEY = {f.key: f for f in FIELDS}
 _PATH_ATTRS = ("kb_dir", "data_dir", "bm25_index_file")
@@ -182,6 +205,12 @@ class Config:
     creatable: tuple[str, ...] = ()
     max_append_chars: int = 20_000
     dedupe_window_s: float = 600.0
+    vector_mode: str = "local"
+    chroma_host: str = "localhost"
+    chroma_port: int = 8000
+    chroma_ssl: bool = False
+    chroma_headers: tuple[tuple[str, str], ...] = ()  # from the vector_store.headers mapping
+    chroma_prefix: str = "sb-"
     source: str = field(default="defaults", compare=False)  # the config file used, for messages
 
 
@@ -331,14 +360,16 @@ def load_config(
         v, src = values[f.key], sources[f.key]
         if f.kind is float and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
-        if v is None or isinstance(v, bool) or not isinstance(v, f.kind):
+        if f.kind is bool and isinstance(v, str) and v.lower() in ("true", "false"):
+            v = v.lower() == "true"
+        if v is None or (isinstance(v, bool) and f.kind is not bool) or not isinstance(v, f.kind):
             errors.append(f"{f.key} must be {f.kind.__name__} (got {v!r} from {src})")
             continue
         problem = f.check(v) if f.check else None
         if problem:
             errors.append(f"{f.key} {problem} (got {v!r} from {src})")
             continue
-        out[f.attr] = tuple(v) if isinstance(v, list) else v
+        out[f.attr] = tuple(v) if isinstance(v, list) else tuple(sorted(v.items())) if isinstance(v, dict) else v
 
     if sources["data_dir"] == "defaults" and not running_from_clone():
         out["data_dir"] = str(user_data_dir(env))  # an installed command keeps its index in the per-user folder

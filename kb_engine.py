@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError
+from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
 from kb_scan import note_rel_path, scan_vault
 from kb_state import (
@@ -95,6 +95,15 @@ def content_of(chunk_id: str) -> str:
     return chunk_id.split("-", 2)[1]
 
 
+def open_vector_store(cfg: Config, model: str) -> Any:
+    """The vector store `vector_store.mode` names: segment files beside state.json (local), or a Chroma server."""
+    if cfg.vector_mode == "http":
+        from kb_chroma import ChromaVectorStore
+
+        return ChromaVectorStore(cfg, model)
+    return VectorStore(cfg.index_dir)
+
+
 class ChunkVectors:
     """Vector search in chunk terms over the engine's store and view: what kb_search asks of the vectors."""
 
@@ -158,7 +167,7 @@ class Engine:
         )
         self.tokenizer = tokenizer or Tokenizer()
         self.view = IndexView(self.tokenizer, cfg.metadata_weight)
-        self.store = VectorStore(cfg.index_dir)
+        self.store = open_vector_store(cfg, self.embedder.name)
         self.vectors = ChunkVectors(self)
         self.state_path = cfg.index_dir / "state.json"
         self.params: dict[str, Any] = {
@@ -229,7 +238,10 @@ class Engine:
     @property
     def pending_vectors(self) -> int:
         """Chunks committed to the index that have no vector yet (being embedded, or waiting for the model)."""
-        return len(self._pending_contents())
+        try:
+            return len(self._pending_contents())
+        except VectorStoreUnavailableError:
+            return 0  # unknown while the Chroma server is away; said in the sync's reasons
 
     def model_warning(self) -> str | None:
         """A warning when the model is English-only and the vault mostly Chinese, naming what to use instead."""
@@ -318,7 +330,11 @@ class Engine:
         report.vectors = committed
         self._reconcile_view(disk, full, report)
         if committed and embed_limit != 0:
-            pending = self._pending_contents()
+            try:
+                pending = self._pending_contents()
+            except VectorStoreUnavailableError as e:
+                report.reasons.append(str(e))
+                pending = []
             if pending and (embed_limit is None or len(pending) <= embed_limit):
                 self._embed_reporting(report, progress, wait=embed_limit is None)
         present = sum(1 for s in disk.values() if s is not None)
@@ -351,7 +367,7 @@ class Engine:
             self._set_state({})
             self._state_meta = {"generation": self._state_meta.get("generation", 0)}
             self._commit_state(segments=())
-            self.store.remove_unlisted(())
+            self.store.clear()
             self.store.load(())
             self.view.clear()
             report.reasons.append("rebuild requested: the index of this vault was cleared")
@@ -467,7 +483,7 @@ class Engine:
             if not self._switch_model:
                 return  # another process switched meanwhile
             self._commit_state(segments=())
-            self.store.remove_unlisted(())
+            self.store.clear()
             self.store.load(())
             self._switch_model = False
         report.reasons.append(f"embedding model changed from {old!r} to {self.params['model']!r}: re-embedding every chunk")
@@ -555,9 +571,13 @@ class Engine:
                     details.append((path, "removed"))
             live = {content_of(cid) for r in state.values() for cid in r.chunks}
             report.chunks_deleted += len(stale)
-            report.chunks_reused += sum(1 for p in done for c in p.chunks if c.content in self.store)
             self._set_state(state)
-            segments = self.store.compacted(live) if stale else None
+            try:
+                report.chunks_reused += sum(1 for p in done for c in p.chunks if c.content in self.store)
+                segments = self.store.compacted(live) if stale else None
+            except VectorStoreUnavailableError as e:  # the notes' records still commit; vectors catch up later
+                report.reasons.append(str(e))
+                segments = None
             self._commit_state(segments)
             self._sweep_segments(force=segments is not None)
             if segments is not None:
@@ -613,6 +633,8 @@ class Engine:
         except LockTimeoutError as e:
             report.lock_timeout = True
             report.reasons.append(f"{e}; the chunks still without a vector are embedded by the next sync")
+        except VectorStoreUnavailableError as e:
+            report.reasons.append(str(e))
 
     def _embed(self, report: SyncReport, progress: ProgressFn | None, *, wait: bool) -> None:
         if not self._embed_lock.acquire(blocking=wait):
@@ -643,6 +665,7 @@ class Engine:
             if not texts:
                 if pending:
                     logger.debug("%d chunks without a vector are not in this view yet; the next sync embeds them", len(pending))
+                self._compact()
                 return
             vectors = self.embedder.embed_documents(list(texts.values()))  # outside the lock: may take seconds
             report.chunks_embedded += len(vectors)
@@ -660,6 +683,18 @@ class Engine:
             if progress:
                 progress("embed", done, max(total, done))
         report.reasons.append("embedding stopped early; the next sync resumes where this one stopped")
+
+    def _compact(self) -> None:
+        """After an embedding run: drop vectors no chunk references when they are many (a deletion's compaction
+        may have failed, e.g. while a Chroma server was away)."""
+        with self._locked():
+            self._refresh_state([])
+            live = {content_of(cid) for r in (self._state or {}).values() for cid in r.chunks}
+            segments = self.store.compacted(live)
+            if segments is not None:
+                self._commit_state(segments)
+                self._sweep_segments(force=True)
+                self.store.load(segments)
 
     def _texts_for(self, contents: Sequence[str]) -> dict[str, str]:
         """The text to embed for each content hash, from a chunk of the view holding it."""

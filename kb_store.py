@@ -148,6 +148,11 @@ class VectorStore:
             matrix = self._matrix[[self._row[k] for k in keep]] if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
             return (self._write(keep, matrix),) if keep else ()
 
+    def clear(self) -> None:
+        """Forget every vector (rebuild, model change); the caller has committed a state.json naming none."""
+        self.remove_unlisted(())
+        self.load(())
+
     def remove_unlisted(self, listed: Iterable[str]) -> None:
         """Delete segment files no longer named by state.json (after a compaction or a model change is committed).
 
