@@ -22,7 +22,7 @@ from typing import Any
 
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
-from kb_scan import note_rel_path, scan_vault
+from kb_scan import note_rel_path, read_note_bytes, scan_vault
 from kb_state import (
     ChunkRecord,
     FileLock,
@@ -199,6 +199,7 @@ class Engine:
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
         self._state_lock = threading.RLock()  # this process's threads re-read state.json one at a time
         self._segments_swept = False
+        self._scan_skipped: dict[str, str] = {}
 
     # ---- the view, for readers ---------------------------------------------------------------------------------
 
@@ -232,8 +233,9 @@ class Engine:
         self.view.save(self.cfg.bm25_index_file, self._view_params())
 
     def skipped_files(self) -> dict[str, str]:
+        """Every file left out of the index and why: unreadable notes, and what the scan could not take as a note."""
         with self.mutex:
-            return {p: r.skipped for p, r in self.files.items() if r.skipped}
+            return {**self._scan_skipped, **{p: r.skipped for p, r in self.files.items() if r.skipped}}
 
     @property
     def pending_vectors(self) -> int:
@@ -316,6 +318,8 @@ class Engine:
         if rebuild:
             self._rebuild(report)
         disk = scan_vault(self.cfg) if full else self._stat_paths(paths or [])
+        if full:
+            self._scan_skipped = dict(getattr(disk, "skipped", {}))  # names no note can have, FIFOs, broken links
         committed = False
         if write:
             try:
@@ -509,7 +513,7 @@ class Engine:
         try:
             if stat[1] > self.cfg.max_file_bytes:
                 raise ValueError(f"larger than max_file_bytes ({stat[1]} > {self.cfg.max_file_bytes} bytes)")
-            raw = (self.cfg.kb_dir / path).read_bytes()
+            raw = read_note_bytes(self.cfg.kb_dir / path, self.cfg.max_file_bytes)  # never blocks on a FIFO
             md5 = hashlib.md5(raw).hexdigest()
             if old is not None and old.md5 == md5 and not old.skipped:
                 return _Plan(path, replace(old, mtime_ns=stat[0], size=stat[1]), [], touched=True)

@@ -1,17 +1,23 @@
-"""Note discovery, ignore rules (built-in folders, config globs, .kbignore files) and safe path resolution.
+"""Note discovery, ignore rules (built-in folders, config globs, .kbignore files), safe path resolution and
+the one safe way to read a note's bytes.
 
-`resolve_inside` is the one boundary every read and write of a user-named note passes. Imports kb_config only.
+`resolve_inside` is the one boundary every read and write of a user-named note passes; `read_note_bytes` never
+blocks on a FIFO or reads past a size limit. Imports kb_config only.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import os
 import re
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kb_config import Config, PathOutsideVaultError
+from kb_config import Config, KBError, PathOutsideVaultError
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +27,20 @@ IGNORED_DIR_NAMES = frozenset({"node_modules", "__pycache__", ".git", ".obsidian
 KBIGNORE_NAME = ".kbignore"
 # Windows drive prefix such as "C:" in a user-supplied path.
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+# Percent-encoding such as "%2e" or "%20" in a path: a URL habit, never meant literally for a new note.
+_PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
+# Longest file or folder name most file systems allow (NAME_MAX), in bytes of UTF-8.
+MAX_NAME_BYTES = 255
+# Longest whole path Linux allows (PATH_MAX), in bytes; Windows and macOS allow no more.
+MAX_PATH_BYTES = 4096
+# How much of a refused path a message quotes (a hostile path may be thousands of characters long).
+SHOWN_PATH_CHARS = 120
+# Flags for opening a note to read: never block on a FIFO, never let a terminal device become ours.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+# Bytes read per call while reading a note.
+_READ_BLOCK_BYTES = 1 << 20
+# (path, reason) pairs already logged as warnings: scan_vault runs before every search, so say each once.
+_warned: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -116,15 +136,84 @@ def config_rules(cfg: Config) -> list[IgnoreRule]:
     return parse_ignore_lines(list(cfg.ignore), "")
 
 
-def scan_vault(cfg: Config) -> dict[str, tuple[int, int]]:
+class VaultScan(dict[str, tuple[int, int]]):
+    """scan_vault's result: {relative posix path: (mtime_ns, size)} for every note, plus `skipped`:
+    {path: reason} for entries named like notes that cannot be indexed (a name that is not UTF-8, a FIFO or other
+    non-regular file, a dangling or looping symlink, a link out of the vault). Ignored files are not listed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: dict[str, str] = {}
+
+    def skip(self, rel: str, reason: str) -> None:
+        """Record why an entry is not indexed, and log it (once per process: the scan runs before every search)."""
+        shown = shown_name(rel)
+        self.skipped[shown] = reason
+        if (shown, reason) not in _warned:
+            _warned.add((shown, reason))
+            logger.warning("skipping %s: %s", shown, reason)
+
+
+def shown_name(name: str) -> str:
+    """A file name safe to print and store as JSON: bytes that are not UTF-8 appear as \\xNN escapes.
+
+    Example: shown_name(os.fsdecode(b"caf\\xe9.md")) -> "caf\\\\xe9.md"
+    """
+    if _is_utf8(name):
+        return name
+    try:
+        raw = name.encode("utf-8", "surrogateescape")  # undecodable bytes as the OS gave them
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("ascii")  # other lone surrogates, e.g. from JSON
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(name: str) -> bool:
+    """False for a name with undecodable bytes (the OS hands them over as lone surrogates)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular file is ("a FIFO (named pipe)", "a folder", ...), for messages."""
+    kinds = [
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ]
+    return next((kind for test, kind in kinds if test(mode)), "a special file")
+
+
+def _stat_failure(entry: os.DirEntry[str], e: OSError) -> str | None:
+    """Why a note entry cannot be stat'ed, for the skipped list; None when it simply vanished mid-scan."""
+    if entry.is_symlink():
+        if e.errno == errno.ELOOP:
+            return "symlink loop (the link leads back to itself); fix or remove the link"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "dangling symlink (its target does not exist); fix or remove the link"
+    if e.errno == errno.ENOENT:
+        return None
+    return f"cannot stat it ({e.strerror or e})"
+
+
+def scan_vault(cfg: Config) -> VaultScan:
     """Walk the vault and return {relative posix path: (mtime_ns, size)} for every note not ignored.
 
+    Only regular files are notes; entries named like notes that cannot be indexed are in the result's `skipped`.
     Stat pairs are plain tuples and the loop is kept lean: this walk runs before every search (about 30 ms for
     9,000 notes here). Symlinked folders are not followed; a symlinked note counts only if it stays in the vault.
     """
     root = cfg.kb_dir
     exts = tuple(cfg.extensions)
-    out: dict[str, tuple[int, int]] = {}
+    out = VaultScan()
     stack: list[tuple[str, str, list[IgnoreRule]]] = [(str(root), "", config_rules(cfg))]
     root_real = os.path.realpath(root)
     skip = IGNORED_DIR_NAMES
@@ -142,25 +231,73 @@ def scan_vault(cfg: Config) -> dict[str, tuple[int, int]]:
             name = entry.name
             if name[0] == "." or name in skip:
                 continue
+            rel = prefix + name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    child = prefix + name
-                    if not (rules and _is_ignored(rules, child, True)):
-                        stack.append((entry.path, child + "/", rules))
+                    if rules and _is_ignored(rules, rel, True):
+                        continue
+                    if _is_utf8(name):
+                        stack.append((entry.path, rel + "/", rules))
+                    else:
+                        out.skip(rel + "/", "folder name is not valid UTF-8, so its notes are skipped; rename the folder")
                     continue
                 if not (name.endswith(exts) or name.lower().endswith(exts)):
                     continue
-                if entry.is_symlink() and (entry.is_dir() or not _inside(os.path.realpath(entry.path), root_real)):
-                    logger.debug("skipping symlink %s%s", prefix, name)
+                if rules and _is_ignored(rules, rel, False):
                     continue
-                if rules and _is_ignored(rules, prefix + name, False):
+                if not _is_utf8(name):
+                    out.skip(rel, "file name is not valid UTF-8; rename the note")
                     continue
                 st = entry.stat()
             except OSError as e:
-                logger.warning("cannot stat %s%s: %s; skipped", prefix, name, e.strerror)
+                reason = _stat_failure(entry, e)
+                if reason:
+                    out.skip(rel, reason)
                 continue
-            out[prefix + name] = (st.st_mtime_ns, st.st_size)
+            if not stat.S_ISREG(st.st_mode):
+                kind = _file_kind(st.st_mode)
+                what = f"a symlink to {kind.removeprefix('a ')}" if entry.is_symlink() else kind
+                out.skip(rel, f"{what}, not a regular file; only regular files are notes")
+                continue
+            if entry.is_symlink() and not _inside(os.path.realpath(entry.path), root_real):
+                out.skip(rel, "symlink to a file outside the vault; the index does not follow it")
+                continue
+            out[rel] = (st.st_mtime_ns, st.st_size)
     return out
+
+
+def read_note_bytes(path: Path, max_bytes: int) -> bytes:
+    """A note's bytes, read without ever blocking: only a regular file of at most `max_bytes` is read.
+
+    Checks with stat before opening (an ordinary open of a FIFO blocks), opens non-blocking, and checks the opened
+    file again (it may have been swapped meanwhile). Raises OSError (cannot read) or ValueError (not a regular
+    file, or too large), each with a message fit for the skipped list.
+    """
+    _check_readable(os.stat(path), max_bytes)
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        _check_readable(os.fstat(fd), max_bytes)
+        parts: list[bytes] = []
+        left = max_bytes + 1  # one byte more than allowed tells a file that grew past the limit
+        while left > 0:
+            block = os.read(fd, min(left, _READ_BLOCK_BYTES))
+            if not block:
+                break
+            parts.append(block)
+            left -= len(block)
+    finally:
+        os.close(fd)
+    data = b"".join(parts)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than max_file_bytes (grew past {max_bytes} bytes while being read)")
+    return data
+
+
+def _check_readable(st: os.stat_result, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{_file_kind(st.st_mode)}, not a regular file; only regular files are notes")
+    if st.st_size > max_bytes:
+        raise ValueError(f"larger than max_file_bytes ({st.st_size} > {max_bytes} bytes)")
 
 
 def _inside(real: str, root_real: str) -> bool:
@@ -180,47 +317,120 @@ def _rules_along(cfg: Config, parts: tuple[str, ...]) -> list[IgnoreRule]:
 def resolve_inside(cfg: Config, rel: str, *, must_exist: bool = True) -> tuple[Path, str]:
     """Resolve a user-supplied note path to (absolute path, normalized vault-relative posix path).
 
-    Refuses empty paths, absolute paths, `..`, hidden or ignored folders, non-note extensions and symlinks
-    that leave the vault, raising PathOutsideVaultError with the reason and what to pass instead.
+    Accepts a path relative to the vault, or an absolute one that lies inside it. Refuses empty, over-long,
+    percent-encoded or non-UTF-8 paths, `..`, hidden or ignored folders, non-note extensions, files that are not
+    regular files and symlinks that leave the vault, raising PathOutsideVaultError with the reason and what to pass
+    instead; it never lets an OSError through.
     Example: resolve_inside(cfg, "projects/x.md") -> (Path("/home/u/notes/projects/x.md"), "projects/x.md")
     """
     vault = cfg.kb_dir
     if not isinstance(rel, str) or not rel.strip() or "\x00" in rel:
         raise PathOutsideVaultError(f"note path {rel!r} is empty or malformed; pass a path relative to the vault {vault}")
+    shown = _shown_path(rel)
+    if not _is_utf8(rel):
+        raise PathOutsideVaultError(f"note path '{shown}' is not valid UTF-8; rename the file to a UTF-8 name")
     text = rel.strip().replace("\\", "/")
     if text.startswith(("/", "~")) or _DRIVE_RE.match(text):
-        raise PathOutsideVaultError(f"'{rel}' is an absolute path; pass a path relative to the vault {vault}, e.g. 'inbox.md'")
-    parts = tuple(p for p in PurePosixPath(text).parts if p not in ("", "."))
-    if not parts or ".." in parts:
-        raise PathOutsideVaultError(f"'{rel}' leaves the vault {vault} ('..' is not allowed); pass a path relative to the vault")
+        text = _relative_to_vault(text, vault, shown)
+    raw_parts = PurePosixPath(text).parts
+    if ".." in raw_parts:
+        raise PathOutsideVaultError(
+            f"'{shown}' leaves the vault {vault} ('..' is not allowed); pass a path relative to the vault"
+        )
+    parts = tuple(p for p in raw_parts if p not in ("", "."))
+    if not parts:
+        raise PathOutsideVaultError(f"'{shown}' names the vault folder itself, not a note; pass a note path such as 'inbox.md'")
+    _check_length(vault, parts, shown)
     for p in parts:
         if p.startswith(".") or p in IGNORED_DIR_NAMES:
             raise PathOutsideVaultError(
-                f"'{rel}' is in a hidden or ignored folder/file ('{p}'); only notes the index sees are allowed"
+                f"'{shown}' is in a hidden or ignored folder/file ('{p}'); only notes the index sees are allowed"
             )
     norm = "/".join(parts)
     if PurePosixPath(norm).suffix.lower() not in cfg.extensions:
-        raise PathOutsideVaultError(f"'{rel}' is not a note: allowed extensions are {', '.join(cfg.extensions)}")
+        raise PathOutsideVaultError(f"'{shown}' is not a note: allowed extensions are {', '.join(cfg.extensions)}")
+    try:
+        return _resolve_on_disk(cfg, parts, norm, shown, must_exist)
+    except OSError as e:  # e.g. EACCES on a folder, or a name the file system refuses
+        raise PathOutsideVaultError(
+            f"cannot open '{shown}' in the vault {vault}: {e.strerror or e}; pass another note path"
+        ) from e
+
+
+def _resolve_on_disk(cfg: Config, parts: tuple[str, ...], norm: str, shown: str, must_exist: bool) -> tuple[Path, str]:
+    """resolve_inside's checks that look at the disk: ignore rules, links, what the path is."""
+    vault = cfg.kb_dir
+    target = vault / Path(*parts)
+    percent = _PERCENT_RE.search(norm)
+    if percent and not os.path.lexists(target):  # an existing note may carry '%20' in its name; a new one may not
+        raise PathOutsideVaultError(
+            f"'{shown}' contains percent-encoding ('{percent.group(0)}'); pass the path as plain text, "
+            "e.g. 'my note.md' rather than 'my%20note.md'"
+        )
     rules = _rules_along(cfg, parts)
     for i in range(1, len(parts) + 1):
         if _is_ignored(rules, "/".join(parts[:i]), i < len(parts)):
-            raise PathOutsideVaultError(f"'{rel}' is excluded by the ignore rules (config 'ignore' or a .kbignore file)")
-    target = vault / Path(*parts)
+            raise PathOutsideVaultError(f"'{shown}' is excluded by the ignore rules (config 'ignore' or a .kbignore file)")
     real = Path(os.path.realpath(target))
     if not _inside(str(real), os.path.realpath(vault)):
-        raise PathOutsideVaultError(f"'{rel}' resolves to {real}, outside the vault {vault} (symlink escape); refused")
+        raise PathOutsideVaultError(f"'{shown}' resolves to {real}, outside the vault {vault} (symlink escape); refused")
     # Defense in depth: scan_vault never follows folder symlinks, and one could rename a hidden or ignored folder.
     for i in range(1, len(parts)):
         if (vault / Path(*parts[:i])).is_symlink():
             link = "/".join(parts[:i])
             raise PathOutsideVaultError(
-                f"'{rel}' goes through the symlinked folder '{link}', which the index does not follow; pass the real path"
+                f"'{shown}' goes through the symlinked folder '{link}', which the index does not follow; pass the real path"
             )
-    if must_exist and not real.is_file():
+    try:
+        mode = os.stat(real).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise PathOutsideVaultError(f"'{norm}' is {_file_kind(mode)}, not a regular file; only regular files are notes")
+    if must_exist and not (mode is not None and stat.S_ISREG(mode)):
         raise PathOutsideVaultError(
             f"note '{norm}' does not exist in the vault {vault}; use list_notes or search to find the path"
         )
     return target, norm
+
+
+def _shown_path(rel: str) -> str:
+    """A user-supplied path as a message quotes it: printable, and cut if very long."""
+    shown = shown_name(rel)
+    if len(shown) <= SHOWN_PATH_CHARS:
+        return shown
+    return f"{shown[:SHOWN_PATH_CHARS]}... ({len(shown)} characters)"
+
+
+def _relative_to_vault(text: str, vault: Path, shown: str) -> str:
+    """The vault-relative part of an absolute path (or ~ path) that lies inside the vault; refuses any other."""
+    candidate = Path(os.path.expanduser(text))
+    if candidate.is_absolute():
+        for base in (vault, Path(os.path.realpath(vault))):
+            try:
+                return candidate.relative_to(base).as_posix()
+            except ValueError:
+                continue
+    raise PathOutsideVaultError(
+        f"'{shown}' is an absolute path outside the vault {vault}; pass a path relative to the vault, e.g. 'inbox.md'"
+    )
+
+
+def _check_length(vault: Path, parts: tuple[str, ...], shown: str) -> None:
+    """Refuse names and paths longer than file systems allow, before any system call sees them."""
+    for p in parts:
+        size = len(p.encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            raise PathOutsideVaultError(
+                f"'{shown}' has a file or folder name of {size} bytes, over the {MAX_NAME_BYTES} that file systems "
+                "allow; pass a shorter name"
+            )
+    size = len(os.fsencode(vault)) + sum(len(p.encode("utf-8")) + 1 for p in parts)
+    if size > MAX_PATH_BYTES:
+        raise PathOutsideVaultError(
+            f"'{shown}' makes a path of {size} bytes in the vault {vault}, over the {MAX_PATH_BYTES} that file "
+            "systems allow; pass a shorter path"
+        )
 
 
 def note_rel_path(cfg: Config, path: str | Path) -> str | None:
@@ -231,7 +441,8 @@ def note_rel_path(cfg: Config, path: str | Path) -> str | None:
         return None
     try:
         return resolve_inside(cfg, rel.as_posix(), must_exist=False)[1]
-    except PathOutsideVaultError:
+    except PathOutsideVaultError as e:
+        logger.debug("not a note path: %s", e)
         return None
 
 
@@ -253,3 +464,44 @@ def path_allowed(norm: str, patterns: tuple[str, ...] | list[str]) -> bool:
         elif norm == entry:
             return True
     return False
+
+
+# Longest look-back a "modified within N days" filter takes: 100 years (a bigger number means "any time").
+MAX_MODIFIED_WITHIN_DAYS = 36_500
+_SECONDS_PER_DAY = 86_400
+
+
+def normalize_prefix(prefix: str | None) -> str:
+    """A folder filter as a user or model writes it -> vault-relative posix folder ("" for the whole vault).
+
+    Example: normalize_prefix("\\\\projects\\\\alpha/") -> "projects/alpha"; normalize_prefix("./") -> "".
+    """
+    if not prefix:
+        return ""
+    parts = [p for p in PurePosixPath(prefix.strip().replace("\\", "/")).parts if p not in ("", ".", "/")]
+    return "/".join(parts)
+
+
+def under_prefix(path: str, prefix: str) -> bool:
+    """Is the vault-relative note `path` in the folder `prefix` (from normalize_prefix; "" holds everything)?"""
+    return not prefix or path == prefix or path.startswith(prefix + "/")
+
+
+def modified_cutoff(days: float | None, now: float | None = None) -> float | None:
+    """Epoch seconds a note's mtime must reach to count as modified within `days` (None: no filter).
+
+    Raises KBError for a value that is not a number of days in (0, MAX_MODIFIED_WITHIN_DAYS].
+    Example: modified_cutoff(7) -> time.time() - 604800.
+    """
+    if days is None:
+        return None
+    try:
+        value = float(days)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (0 < value <= MAX_MODIFIED_WITHIN_DAYS):  # also rejects NaN and infinities
+        raise KBError(
+            f"modified_within_days must be a number of days above 0 and at most {MAX_MODIFIED_WITHIN_DAYS} "
+            f"(got {days!r}); leave it out to search notes of any age"
+        )
+    return (time.time() if now is None else now) - value * _SECONDS_PER_DAY

@@ -21,8 +21,15 @@ from kb_files import atomic_write_text
 STATE_FORMAT = 2
 # How often a process waiting for the index lock tries again.
 LOCK_POLL_S = 0.05
-# Encodings tried, in order, for a note that is not UTF-8 (GB18030 covers GBK-era Chinese notes).
-NOTE_ENCODINGS = ("utf-8", "gb18030")
+# Encodings decode_note may return: name -> (codec of the text, byte-order mark a note in it starts with). Appends
+# encode only the codec; a whole rewritten note gets the mark back. GB18030 covers GBK-era Chinese notes.
+NOTE_ENCODINGS = {
+    "utf-8": ("utf-8", b""),
+    "utf-8-sig": ("utf-8", b"\xef\xbb\xbf"),
+    "utf-16-le": ("utf-16-le", b"\xff\xfe"),
+    "utf-16-be": ("utf-16-be", b"\xfe\xff"),
+    "gb18030": ("gb18030", b""),
+}
 
 
 @dataclass(frozen=True)
@@ -188,17 +195,57 @@ class FileLock:
 
 
 def decode_note(raw: bytes) -> tuple[str, str]:
-    """Decode note bytes as UTF-8 (BOM allowed) or GB18030; returns (text, encoding). Raises ValueError."""
-    if b"\x00" in raw[:8192]:
+    """Decode a note whose encoding is unambiguous; returns (text without byte-order mark, a NOTE_ENCODINGS key).
+
+    UTF-8 (BOM allowed), UTF-16 with a BOM, and GB18030 only when the bytes read as Chinese: nearly every double-byte
+    character in the GB2312 range (hanzi and CJK punctuation) and no private-use characters. Anything else raises
+    ValueError saying what the note looks like (cp1252/Latin-1, UTF-16 without a BOM, binary), so the note is
+    skipped and appends to it refused, instead of being mis-decoded and then written back in the wrong encoding.
+    """
+    import re
+
+    # Share of GB18030 multi-byte characters that must be GB2312 hanzi or punctuation for the note to read as Chinese.
+    gb2312_min_share = 0.9
+    # Bytes looked at for NULs (binary files, UTF-16 without a byte-order mark).
+    head_bytes = 8192
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        raise ValueError("UTF-32 text, which notes may not use; convert the note to UTF-8")
+    for name, (codec, bom) in NOTE_ENCODINGS.items():
+        if bom and raw.startswith(bom):
+            try:
+                return raw[len(bom) :].decode(codec), name
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"starts with a {name.upper()} byte-order mark but is not valid {codec.upper()} ({e.reason} at "
+                    f"byte {e.start + len(bom)}); convert the note to UTF-8"
+                ) from e
+    head = raw[:head_bytes]
+    if b"\x00" in head:
+        # UTF-16 of mostly ASCII text has a NUL in nearly every other byte, all on the same side.
+        fewer, more = sorted((head[0::2].count(0), head[1::2].count(0)))
+        if more >= 0.4 * (len(head) // 2) and fewer <= 0.05 * (len(head) // 2):
+            raise ValueError("looks like UTF-16 text without a byte-order mark; save the note as UTF-8")
         raise ValueError("binary file (NUL bytes)")
-    if raw.startswith(b"\xef\xbb\xbf"):
-        return raw[3:].decode("utf-8"), "utf-8-sig"
-    for enc in NOTE_ENCODINGS:
-        try:
-            return raw.decode(enc), enc
-        except UnicodeDecodeError:
-            continue
-    raise ValueError("not UTF-8 or GB18030 text; convert the note to UTF-8")
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = raw.decode("gb18030")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        # One match per multi-byte character (ASCII is skipped over); group 1 is set only for a GB2312 pair.
+        gb_char = rb"([\xa1-\xa9\xb0-\xf7][\xa1-\xfe])|[\x81-\xfe](?:[\x30-\x39][\x81-\xfe][\x30-\x39]|[\x40-\xfe])"
+        chars = re.findall(gb_char, raw)
+        gb2312 = len(chars) - chars.count(b"")
+        if gb2312 >= gb2312_min_share * len(chars) and not re.search("[\ue000-\uf8ff]", text):
+            return text, "gb18030"
+    # Accented Latin text has mostly single high bytes between ASCII letters; CJK legacy encodings have long runs.
+    runs = re.findall(rb"[\x80-\xff]+", raw)
+    single = sum(1 for r in runs if len(r) == 1)
+    guess = "looks like cp1252/Latin-1" if 2 * single >= len(runs) else "a legacy 8-bit encoding such as Big5 or Shift-JIS"
+    raise ValueError(f"not UTF-8 text ({guess}); convert the note to UTF-8")
 
 
 def read_state_file(path: Path) -> dict[str, Any] | None:

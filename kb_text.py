@@ -17,7 +17,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bump when tokenizing changes in a way that invalidates stored BM25 postings.
-TOKENIZER_VERSION = 3
+TOKENIZER_VERSION = 4
 # Bump when chunk boundaries or chunk text change for the same input.
 CHUNKER_VERSION = 2
 # Separator between heading levels in a chunk's heading path.
@@ -27,6 +27,13 @@ USER_TERM_MIN_CHARS, USER_TERM_MAX_CHARS = 2, 12
 # jieba frequency given to vault terms: fixed (not suggested) so every process segments alike, and high
 # enough that a term beats the split into its common parts.
 USER_TERM_FREQ = 2000
+# Longest token kept: a longer run of letters/digits (a hash, a base64 blob) is cut to this prefix, so one
+# hostile run costs bounded index space; 64 keeps a SHA-256 in hex whole.
+MAX_TOKEN_CHARS = 64
+# YAML nodes a frontmatter block may expand to, each alias counted at every use: more is an alias bomb.
+MAX_FRONTMATTER_NODES = 10_000
+# Characters of scalar text a frontmatter block may expand to, aliases counted at every use.
+MAX_FRONTMATTER_CHARS = 200_000
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RE = re.compile(f"[{_CJK}]")
@@ -36,13 +43,15 @@ _MIXED_PART_RE = re.compile(f"[{_CJK}]+|[a-z0-9]+")
 _RUN_RE = re.compile(f"[{_CJK}a-z0-9]+(?:\\+\\+|#)?")
 _LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:\+\+|#)?")
 # Identifiers such as backup-nightly.timer, settings.local.json, err_conn_reset: indexed whole as well.
-_COMPOUND_RE = re.compile(r"[a-z0-9]+(?:[._\-/:][a-z0-9]+)+")
+# Linear time: it starts only at the start of a run and its runs are possessive, so a long run without a
+# separator fails once instead of being retried from every position inside it (quadratic before).
+_COMPOUND_RE = re.compile(r"(?<![a-z0-9])[a-z0-9]++(?:[._\-/:][a-z0-9]++)+")
 _SYMBOL_RE = re.compile(f"[^\\s{_CJK}A-Za-z0-9_]")
 _WORD_RE = re.compile(r"[A-Za-z0-9_]+")
-_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+# ATX heading opener; the rest of the line is cut in _parse_heading (a lazy regex there was quadratic in spaces).
+_HEADING_OPEN_RE = re.compile(r" {0,3}(#{1,6})[ \t]")
 _FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
 _INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
-_FENCED_BLOCK_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,}).*?^[ \t]{0,3}\1[ \t]*$", re.M | re.S)
 _INLINE_TAG_RE = re.compile(r"(?<![\w&#/])#([A-Za-z0-9_\-/" + _CJK + r"]*[A-Za-z_" + _CJK + r"][A-Za-z0-9_\-/" + _CJK + r"]*)")
 # Sentence ends: Chinese full stops always; Latin ones when followed by whitespace.
 _SENTENCE_END_RE = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])(?=\s)")
@@ -97,6 +106,15 @@ class _Block:
     tokens: int = field(default=0)
 
 
+def split_lines(text: str) -> list[str]:
+    """A note's lines as chunk line numbers count them: CRLF, CR-only (old Mac) and LF all end a line.
+
+    Readers that cite line numbers (read_note, the append path) split with this too, so they agree with search.
+    Example: split_lines("a\rb\r\nc") -> ["a", "b", "c"]
+    """
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
 def estimate_tokens(text: str) -> int:
     """Approximate model tokens: one per CJK character, Latin word and symbol."""
     return len(_CJK_RE.findall(text)) + len(_WORD_RE.findall(text)) + len(_SYMBOL_RE.findall(text))
@@ -112,6 +130,46 @@ def _as_str_list(value: object) -> tuple[str, ...]:
     else:
         items = [str(value)]
     return tuple(dict.fromkeys(s.strip().lstrip("#").strip() for s in items if s and s.strip().lstrip("#").strip()))
+
+
+def _as_pair(item: object) -> tuple:
+    """A mapping node's (key, value) pair as is; a sequence node's item as a 1-tuple."""
+    return item if isinstance(item, tuple) else (item,)
+
+
+def _yaml_expansion_error(root: object) -> str | None:
+    """Why a YAML node graph is too big once aliases are expanded (nodes, scalar characters), or None.
+
+    Walks the graph once (iteratively, shared nodes memoized), so the check itself stays cheap on a bomb.
+    """
+    sizes: dict[int, tuple[int, int]] = {}
+    on_path: set[int] = set()  # nodes whose children are being sized: meeting one again is a recursive alias
+    stack: list[tuple[object, bool]] = [(root, False)]
+    while stack:
+        node, children_sized = stack.pop()
+        value = getattr(node, "value", None)
+        children = [] if isinstance(value, str) else [c for item in value for c in _as_pair(item)]
+        if children_sized:
+            on_path.discard(id(node))
+            nodes, chars = 1, len(value) if isinstance(value, str) else 0
+            for child in children:
+                n, c = sizes[id(child)]
+                nodes, chars = nodes + n, chars + c
+            if nodes > MAX_FRONTMATTER_NODES or chars > MAX_FRONTMATTER_CHARS:
+                return (
+                    f"frontmatter expands to over {MAX_FRONTMATTER_NODES} YAML values or {MAX_FRONTMATTER_CHARS} "
+                    "characters (anchors and aliases repeated); shorten it"
+                )
+            sizes[id(node)] = (nodes, chars)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in on_path:
+            return "frontmatter has a recursive YAML alias (an anchor used inside itself)"
+        on_path.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children)
+    return None
 
 
 def parse_frontmatter(text: str) -> tuple[dict, int, str | None]:
@@ -131,15 +189,59 @@ def parse_frontmatter(text: str) -> tuple[dict, int, str | None]:
         return {}, 0, "frontmatter has no closing '---' line"
     import yaml
 
+    loader = yaml.SafeLoader("\n".join(lines[1:i]))
     try:
-        meta = yaml.safe_load("\n".join(lines[1:i]))
-    except yaml.YAMLError as e:
-        return {}, 0, f"frontmatter is not valid YAML ({str(e).splitlines()[0]})"
+        root = loader.get_single_node()
+        # Checked on the node graph, before construction: anchors and aliases share nodes there, so an alias
+        # bomb is still small; built into Python objects (and tags turned into strings) it is not.
+        too_big = _yaml_expansion_error(root) if root is not None else None
+        if too_big:
+            return {}, 0, too_big
+        meta = loader.construct_document(root) if root is not None else None
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: a date such as 2024-13-45
+        return {}, 0, f"frontmatter is not valid YAML ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    except RecursionError:
+        return {}, 0, "frontmatter is nested too deeply to read"
+    finally:
+        loader.dispose()
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):
         return {}, 0, "frontmatter is not a key: value mapping"
     return meta, i + 1, None
+
+
+def _prose_lines(lines: list[str]) -> list[str]:
+    """The lines outside fenced code blocks, by the chunker's fence rules (an unclosed fence runs to the end).
+
+    Line by line on purpose: a regex over the whole note was quadratic on unclosed fences and long backtick runs.
+    """
+    out: list[str] = []
+    fence: str | None = None
+    for line in lines:
+        m = _FENCE_RE.match(line)
+        if fence is None:
+            if m:
+                fence = m.group(1)
+            else:
+                out.append(line)
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
+            fence = None
+    return out
+
+
+def _parse_heading(line: str) -> tuple[int, str] | None:
+    """(level, title) of an ATX heading line ("## Title ##" -> (2, "Title")), or None; linear in the line."""
+    body = line[:-1] if line.endswith("\n") else line
+    m = _HEADING_OPEN_RE.match(body)
+    if m is None or "\n" in body or len(body) == m.end():
+        return None
+    rest = body[m.end() :].strip(" \t")
+    head = rest.rstrip("#")
+    # A closing run of '#' counts only after whitespace that follows at least one title character.
+    if head and head[-1] in " \t":
+        rest = head
+    return len(m.group(1)), rest.strip()
 
 
 def _blocks(lines: list[str], first_line: int) -> list[_Block]:
@@ -245,9 +347,9 @@ def _sections(lines: list[str], first_line: int) -> list[_Section]:
                 fence = m.group(1)
             elif m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
                 fence = None
-        h = _HEADING_RE.match(line) if fence is None and not m else None
+        h = _parse_heading(line) if fence is None and not m else None
         if h:
-            level, title = len(h.group(1)), h.group(2).strip()
+            level, title = h
             while stack and stack[-1][0] >= level:
                 stack.pop()
             stack.append((level, title))
@@ -293,9 +395,9 @@ def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens
     limit under their common heading path; long sections split at paragraphs, then sentences, then hard.
     With `overlap_tokens`, a split section's chunk starts with the previous chunk's last sentences.
     """
-    text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    lines = split_lines(text.lstrip("\ufeff"))
+    text = "\n".join(lines)
     meta, fm_lines, fm_error = parse_frontmatter(text)
-    lines = text.split("\n")
     body = lines[fm_lines:]
     sections = _sections(body, fm_lines + 1)
     title = str(meta.get("title") or "").strip()
@@ -303,7 +405,7 @@ def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens
         title = next((sec.path[0] for sec in sections if len(sec.path) == 1 and sec.lines[0].startswith("# ")), "")
     title = title or fallback_title
     tags = _as_str_list(meta.get("tags") or meta.get("tag"))
-    prose = _INLINE_CODE_RE.sub("", _FENCED_BLOCK_RE.sub("", "\n".join(body)))
+    prose = _INLINE_CODE_RE.sub("", "\n".join(_prose_lines(body)))
     inline = tuple(m.group(1) for m in _INLINE_TAG_RE.finditer(prose))
     tags = tuple(dict.fromkeys(tags + inline))
     aliases = _as_str_list(meta.get("aliases") or meta.get("alias"))
@@ -316,13 +418,13 @@ def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens
     body_limit = chunk_tokens - overlap_tokens
     for sec in sections:
         blocks = [b for b in _blocks(sec.lines, sec.start) if b.text.strip()]
-        if not blocks or (len(blocks) == 1 and sec.path and _HEADING_RE.match(blocks[0].text)):
+        if not blocks or (len(blocks) == 1 and sec.path and _parse_heading(blocks[0].text)):
             continue  # an empty section or a heading alone: its title lives on in its children's paths
         pieces: list[_Block] = []
         for b in blocks:
             pieces.extend(_split_block(b, body_limit))
         packed = _pack(pieces, body_limit)
-        if len(packed) > 1 and sec.path and _HEADING_RE.fullmatch(packed[0].text.strip()):
+        if len(packed) > 1 and sec.path and _parse_heading(packed[0].text.strip()):
             packed = packed[1:]  # the heading line alone; it lives on in the chunks' heading path
         for i, p in enumerate(packed):
             if i and overlap_tokens:
@@ -353,10 +455,10 @@ def chunk_context(title: str, heading_path: str) -> str:
 
 
 def content_hash(*parts: str) -> str:
-    """Stable short hash of text parts (chunk ids, embedding reuse keys)."""
+    """Stable short hash of text parts (chunk ids, embedding reuse keys); never fails, even on lone surrogates."""
     h = hashlib.blake2b(digest_size=10)
     for p in parts:
-        h.update(p.encode("utf-8"))
+        h.update(p.encode("utf-8", "surrogatepass"))  # a file name that is not UTF-8 arrives with surrogates
         h.update(b"\x00")
     return h.hexdigest()
 
@@ -451,7 +553,7 @@ class Tokenizer:
                 tokens.extend(self._cjk_tokens(run))
             else:
                 tokens.append(run)
-        return [t for t in tokens if t not in STOPWORDS and (len(t) > 1 or t.isdigit() or _CJK_RE.match(t))]
+        return [t[:MAX_TOKEN_CHARS] for t in tokens if t not in STOPWORDS and (len(t) > 1 or t.isdigit() or _CJK_RE.match(t))]
 
 
 def vault_terms(names: Iterable[str]) -> frozenset[str]:

@@ -472,3 +472,17 @@ def test_try_sync_answers_none_while_another_thread_syncs(small_vault, make_engi
     (small_vault / "inbox.md").write_text("# Inbox\n\n- capybara\n", encoding="utf-8")
     report = engine.try_sync(0.05, ["inbox.md"])
     assert report is not None and report.changed == 1
+
+
+def test_skipped_files_lists_what_the_scan_could_not_take_as_a_note(small_vault, make_engine):
+    os.mkfifo(small_vault / "pipe.md")
+    (small_vault / "dangling.md").symlink_to(small_vault / "nowhere.md")
+    os.close(os.open(os.fsencode(small_vault) + b"/caf\xe9.md", os.O_CREAT | os.O_WRONLY, 0o644))
+    engine = make_engine(small_vault)
+
+    report = engine.sync_all()
+
+    skipped = engine.skipped_files()
+    assert report.added == 4
+    assert "FIFO" in skipped["pipe.md"]
+    assert "dangling.md" in skipped and any("caf" in p for p in skipped)

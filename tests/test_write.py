@@ -271,7 +271,7 @@ REFUSALS = [
     ("not-whitelisted", "projects/alpha.md", "- x", {"writable": ("inbox.md",)}, None, WriteRefusedError, "is not writable"),
     ("dotdot", "../outside.md", "- x", {}, None, PathOutsideVaultError, "'..' is not allowed"),
     ("dotdot-inside", "projects/../inbox.md", "- x", {}, None, PathOutsideVaultError, "'..' is not allowed"),
-    ("absolute", "<vault>/inbox.md", "- x", {}, None, PathOutsideVaultError, "absolute path"),
+    ("absolute-outside", "<vault>-twin/inbox.md", "- x", {}, None, PathOutsideVaultError, "absolute path outside the vault"),
     ("symlink-escape", "escape.md", "- x", {"writable": ("escape.md",)}, _outside_link, PathOutsideVaultError, "symlink escape"),
     (
         "hidden-folder",
