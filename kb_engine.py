@@ -22,7 +22,8 @@ from typing import Any
 
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
-from kb_scan import note_rel_path, read_note_bytes, scan_vault
+from kb_links import parse_links
+from kb_scan import is_logseq_graph, note_rel_path, read_note_bytes, scan_vault
 from kb_state import (
     ChunkRecord,
     FileLock,
@@ -200,6 +201,7 @@ class Engine:
         self._state_lock = threading.RLock()  # this process's threads re-read state.json one at a time
         self._segments_swept = False
         self._scan_skipped: dict[str, str] = {}
+        self._logseq_graph = is_logseq_graph(cfg.kb_dir)  # outline notes chunk at blocks
 
     # ---- the view, for readers ---------------------------------------------------------------------------------
 
@@ -522,7 +524,14 @@ class Engine:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             logger.warning("skipping %s: %s", path, reason)
             return _Plan(path, FileRecord(stat[0], stat[1], "", skipped=reason), [])
-        parsed = chunk_note(text, Path(path).stem, self.cfg.chunk_tokens, self.cfg.overlap_tokens)
+        parsed = chunk_note(
+            text,
+            Path(path).stem,
+            self.cfg.chunk_tokens,
+            self.cfg.overlap_tokens,
+            rel_path=path,
+            logseq_graph=self._logseq_graph,
+        )
         if parsed.frontmatter_error:
             logger.info("%s: %s; its frontmatter is indexed as text", path, parsed.frontmatter_error)
         path_key = content_hash(path)[:8]
@@ -535,8 +544,19 @@ class Engine:
             n = seen[content] = seen.get(content, -1) + 1  # identical chunks within one note stay distinct
             cid = f"{path_key}-{content}" + (f"-{n}" if n else "")
             chunks.append(ChunkRecord(cid, path, ch.heading_path, ch.line_start, ch.line_end, ch.text, ctx, content))
+        links = tuple((k.target, k.heading or "", k.block or "", k.label or "", k.embed, k.line) for k in parse_links(text))
         record = FileRecord(
-            stat[0], stat[1], md5, tuple(c.id for c in chunks), parsed.title, parsed.tags, parsed.aliases, encoding
+            stat[0],
+            stat[1],
+            md5,
+            tuple(c.id for c in chunks),
+            parsed.title,
+            parsed.tags,
+            parsed.aliases,
+            encoding,
+            properties=parsed.properties,
+            date=parsed.date or "",
+            links=links,
         )
         return _Plan(path, record, chunks)
 

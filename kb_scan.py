@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 IGNORED_DIR_NAMES = frozenset({"node_modules", "__pycache__", ".git", ".obsidian", ".trash", ".logseq"})
 # gitignore-style file read in any folder of the vault; its patterns apply below that folder.
 KBIGNORE_NAME = ".kbignore"
+# A Logseq graph's own folder at the vault root (config.edn, bak/ copies of pages, version files): never notes.
+LOGSEQ_DIR = "logseq"
 # Windows drive prefix such as "C:" in a user-supplied path.
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 # Percent-encoding such as "%2e" or "%20" in a path: a URL habit, never meant literally for a new note.
@@ -217,6 +219,7 @@ def scan_vault(cfg: Config) -> VaultScan:
     stack: list[tuple[str, str, list[IgnoreRule]]] = [(str(root), "", config_rules(cfg))]
     root_real = os.path.realpath(root)
     skip = IGNORED_DIR_NAMES
+    graph = is_logseq_graph(root)
     while stack:
         folder, prefix, rules = stack.pop()
         try:
@@ -234,7 +237,7 @@ def scan_vault(cfg: Config) -> VaultScan:
             rel = prefix + name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    if rules and _is_ignored(rules, rel, True):
+                    if (rules and _is_ignored(rules, rel, True)) or (graph and rel == LOGSEQ_DIR):
                         continue
                     if _is_utf8(name):
                         stack.append((entry.path, rel + "/", rules))
@@ -346,6 +349,8 @@ def resolve_inside(cfg: Config, rel: str, *, must_exist: bool = True) -> tuple[P
             raise PathOutsideVaultError(
                 f"'{shown}' is in a hidden or ignored folder/file ('{p}'); only notes the index sees are allowed"
             )
+    if len(parts) > 1 and parts[0] == LOGSEQ_DIR and is_logseq_graph(vault):
+        raise PathOutsideVaultError(f"'{shown}' is in the Logseq graph's own folder ('{LOGSEQ_DIR}/'), which holds no notes")
     norm = "/".join(parts)
     if PurePosixPath(norm).suffix.lower() not in cfg.extensions:
         raise PathOutsideVaultError(f"'{shown}' is not a note: allowed extensions are {', '.join(cfg.extensions)}")
@@ -431,6 +436,11 @@ def _check_length(vault: Path, parts: tuple[str, ...], shown: str) -> None:
             f"'{shown}' makes a path of {size} bytes in the vault {vault}, over the {MAX_PATH_BYTES} that file "
             "systems allow; pass a shorter path"
         )
+
+
+def is_logseq_graph(root: Path) -> bool:
+    """A Logseq graph keeps its settings in logseq/config.edn at its root."""
+    return (root / LOGSEQ_DIR / "config.edn").is_file()
 
 
 def note_rel_path(cfg: Config, path: str | Path) -> str | None:

@@ -18,7 +18,7 @@ from kb_config import LockTimeoutError
 from kb_files import atomic_write_text
 
 # Bump when state.json's layout changes; an older state is rebuilt from the vault.
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 # How often a process waiting for the index lock tries again.
 LOCK_POLL_S = 0.05
 # Encodings decode_note may return: name -> (codec of the text, byte-order mark a note in it starts with). Appends
@@ -45,6 +45,13 @@ class FileRecord:
     aliases: tuple[str, ...] = ()
     encoding: str = "utf-8"
     skipped: str = ""  # reason, when the note could not be indexed
+    properties: dict[str, tuple[str, ...]] = field(default_factory=dict)  # frontmatter and Logseq key:: value
+    date: str = ""  # ISO date of a journal or daily note (file name or `date` property), else ""
+    links: tuple[LinkRow, ...] = ()  # outgoing links as written, resolved against the vault when read
+
+
+# One outgoing link as stored: (target, heading, block, label, embed, line); "" where absent (kb_links.Link).
+LinkRow = tuple[str, str, str, str, bool, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,11 +265,22 @@ def read_state_file(path: Path) -> dict[str, Any] | None:
         raise ValueError(str(e)) from e
     if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
         raise ValueError(f"format {data.get('format') if isinstance(data, dict) else '?'}, expected {STATE_FORMAT}")
-    data["files"] = {
-        p: FileRecord(**{**r, "chunks": tuple(r["chunks"]), "tags": tuple(r["tags"]), "aliases": tuple(r["aliases"])})
-        for p, r in data["files"].items()
-    }
+    data["files"] = {p: _record(r) for p, r in data["files"].items()}
     return data
+
+
+def _record(r: dict[str, Any]) -> FileRecord:
+    """A FileRecord from its JSON form (lists back to tuples)."""
+    return FileRecord(
+        **{
+            **r,
+            "chunks": tuple(r["chunks"]),
+            "tags": tuple(r["tags"]),
+            "aliases": tuple(r["aliases"]),
+            "properties": {k: tuple(v) for k, v in r.get("properties", {}).items()},
+            "links": tuple(tuple(x) for x in r.get("links", ())),
+        }
+    )
 
 
 def write_state_file(path: Path, meta: dict[str, Any], files: dict[str, FileRecord]) -> None:

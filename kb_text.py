@@ -1,25 +1,30 @@
-"""Pure text functions shared by ingest and search: frontmatter, heading-aware chunking, BM25 tokenizing.
+"""Pure text functions shared by ingest and search: frontmatter and properties, note dates, heading-aware and
+outline (Logseq) chunking, BM25 tokenizing.
 
 Takes strings, returns records; touches no note files. Imports kb_config only.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import os
 import re
+import textwrap
 import unicodedata
-from collections.abc import Iterable
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 logger = logging.getLogger(__name__)
 
 # Bump when tokenizing changes in a way that invalidates stored BM25 postings.
 TOKENIZER_VERSION = 4
-# Bump when chunk boundaries or chunk text change for the same input.
-CHUNKER_VERSION = 2
+# Bump when chunk boundaries or chunk text change for the same input (3: outlines chunk at block boundaries).
+CHUNKER_VERSION = 3
 # Separator between heading levels in a chunk's heading path.
 HEADING_SEP = " > "
 # A vault term (title, alias, tag) joins the jieba dictionary only within these lengths.
@@ -34,6 +39,27 @@ MAX_TOKEN_CHARS = 64
 MAX_FRONTMATTER_NODES = 10_000
 # Characters of scalar text a frontmatter block may expand to, aliases counted at every use.
 MAX_FRONTMATTER_CHARS = 200_000
+# Deepest frontmatter mapping flattened into dotted property keys ("project.owner"); deeper levels are ignored.
+MAX_PROPERTY_DEPTH = 8
+# Property keys whose first date-like value is a note's date (after a daily-note or journal file name).
+DATE_KEYS = ("date",)
+# Folders of a Logseq graph whose notes are outlines, and whose file names encode page names.
+LOGSEQ_FOLDERS = ("pages", "journals")
+# Logseq block properties that are structure, not data: kept on the chunk, not on the note.
+LOGSEQ_BLOCK_KEYS = frozenset({"id", "collapsed"})
+# Logseq properties whose value is one text even when it holds commas.
+LOGSEQ_TEXT_KEYS = frozenset({"title"})
+# Text without a frontmatter or outline structure is an outline when this share of its non-empty lines are
+# bullets or their indented continuations (a Markdown note with a title line and a list is not)...
+OUTLINE_MIN_SHARE = 0.9
+# ... and it has at least this many bullets.
+OUTLINE_MIN_BULLETS = 2
+# Columns a tab counts for when comparing bullet indentation.
+TAB_COLUMNS = 4
+# Characters of one parent block's text kept in an outline chunk's heading path.
+OUTLINE_PATH_BLOCK_CHARS = 40
+# Parent blocks named in an outline chunk's heading path (the outermost ones); bounds hostile nesting.
+OUTLINE_PATH_MAX_LEVELS = 6
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RE = re.compile(f"[{_CJK}]")
@@ -55,6 +81,24 @@ _INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
 _INLINE_TAG_RE = re.compile(r"(?<![\w&#/])#([A-Za-z0-9_\-/" + _CJK + r"]*[A-Za-z_" + _CJK + r"][A-Za-z0-9_\-/" + _CJK + r"]*)")
 # Sentence ends: Chinese full stops always; Latin ones when followed by whitespace.
 _SENTENCE_END_RE = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])(?=\s)")
+# A fence where outlines and list items put one too: after indentation and a bullet. A backtick fence's info
+# string holds no backtick (so "```inline```" is not a fence).
+_LOOSE_FENCE_RE = re.compile(r"[ \t]*+(?:[-*+][ \t]++)?(?:(`{3,}+)(?![^\n]*`)|(~{3,}+))")
+# An outline bullet: indentation, a marker, then a space or the end of the line ("---" and "-x" are not bullets).
+_BULLET_RE = re.compile(r"([ \t]*+)[-*+](?:[ \t]++|$)")
+# A Logseq (or Dataview) property line "key:: value", also as a bullet's text; "std::vector" is not one.
+_PROPERTY_RE = re.compile(r"[ \t]*+(?:[-*+][ \t]++)?([\w\-]++)::(?:[ \t](.*))?$")
+# A whole value that is a page reference: [[x]], [[x|label]], #[[x]] or #x.
+_REF_VALUE_RE = re.compile(r"#?\[\[([^\[\]|\n]+)(?:\|[^\[\]\n]*)?\]\]|#([^\s#\[\]]+)")
+# Logseq's multi-word tag #[[...]] (a plain #tag is _INLINE_TAG_RE's).
+_BRACKET_TAG_RE = re.compile(r"(?<![\w&#/])#\[\[([^\[\]\n]+)\]\]")
+# [[x]] inside a heading-path label, shown as x.
+_LABEL_REF_RE = re.compile(r"#?\[\[([^\[\]\n]+)\]\]")
+# Dates in file names and property values: 2026-03-02 (also _ . /), 2026年3月2日, Mar 2nd, 2026.
+_ISO_DATE_RE = re.compile(r"(\d{4})([-_./])(\d{1,2})\2(\d{1,2})(?!\d)")
+_ZH_DATE_RE = re.compile(r"(\d{4})年(\d{1,2})月(\d{1,2})日")
+_EN_DATE_RE = re.compile(r"([A-Za-z]{3,9})\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})(?!\d)")
+_MONTH_NAMES = "january february march april may june july august september october november december".split()
 
 EN_STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below between
@@ -78,23 +122,35 @@ STOPWORDS = EN_STOPWORDS | ZH_STOPWORDS
 
 @dataclass(frozen=True)
 class Chunk:
-    """A piece of a note: its text, heading path (e.g. "Project X > Decisions") and 1-based inclusive line range."""
+    """A piece of a note: its text, heading path (e.g. "Project X > Decisions") and 1-based inclusive line range.
+
+    `properties` holds the Logseq block properties (`key:: value`, `id::` included) of an outline chunk's blocks.
+    """
 
     text: str
     heading_path: str
     line_start: int
     line_end: int
+    properties: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ParsedNote:
-    """A note split into metadata and chunks; `frontmatter_error` says why a broken block was kept as text."""
+    """A note split into metadata and chunks; `frontmatter_error` says why a broken block was kept as text.
+
+    `properties`: lower-cased keys to string values from frontmatter, Logseq page and block properties and
+    `key:: value` lines (dates as ISO text, booleans "true"/"false"); `date`: the note's ISO date (note_date);
+    `outline`: chunked at outline blocks.
+    """
 
     title: str
     tags: tuple[str, ...]
     aliases: tuple[str, ...]
     chunks: tuple[Chunk, ...]
     frontmatter_error: str | None = None
+    properties: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    date: str | None = None
+    outline: bool = False
 
 
 @dataclass
@@ -209,6 +265,147 @@ def parse_frontmatter(text: str) -> tuple[dict, int, str | None]:
     if not isinstance(meta, dict):
         return {}, 0, "frontmatter is not a key: value mapping"
     return meta, i + 1, None
+
+
+# ---- properties and dates -------------------------------------------------------------------------------------------
+
+
+def _unwrap_ref(value: str) -> str:
+    """A value that is one page reference ([[x]], [[x|label]], #[[x]], #x) as its page name, else as is."""
+    m = _REF_VALUE_RE.fullmatch(value)
+    return (m.group(1) or m.group(2)).strip() if m else value
+
+
+def _scalar_strings(value: object, depth: int = 0) -> list[str]:
+    """A YAML value as property strings: dates ISO, booleans "true"/"false", lists flattened, mappings skipped."""
+    if value is None or isinstance(value, (dict, bytes)):
+        return []
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, (dt.date, dt.time)):  # datetime is a date
+        return [value.isoformat()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [s for v in items for s in _scalar_strings(v, depth + 1)] if depth < MAX_PROPERTY_DEPTH else []
+    text = str(value).strip()
+    return [_unwrap_ref(text)] if text else []
+
+
+def frontmatter_properties(meta: Mapping[object, object]) -> dict[str, tuple[str, ...]]:
+    """Frontmatter as properties: lower-cased keys, nested mappings as dotted keys, every value a string tuple.
+
+    Example: frontmatter_properties({"Due": date(2026, 3, 2), "project": {"name": "Kestrel"}})
+    -> {"due": ("2026-03-02",), "project.name": ("Kestrel",)}
+    """
+    acc: dict[str, dict[str, None]] = {}
+    stack: list[tuple[str, Mapping[object, object], int]] = [("", meta, 0)]
+    while stack:  # iterative: a deep mapping must not exhaust the call stack
+        prefix, mapping, depth = stack.pop()
+        for raw_key, value in mapping.items():
+            key = prefix + str(raw_key).strip().lower()
+            if isinstance(value, Mapping):
+                if depth + 1 < MAX_PROPERTY_DEPTH:
+                    stack.append((key + ".", value, depth + 1))
+            else:
+                acc.setdefault(key, {}).update(dict.fromkeys(_scalar_strings(value)))
+    return {k: tuple(v) for k, v in acc.items()}
+
+
+def _merge_properties(*sources: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """Union of property maps: keys in first-seen order, each key's values deduplicated in order; linear."""
+    acc: dict[str, dict[str, None]] = {}
+    for src in sources:
+        for key, values in src.items():
+            acc.setdefault(key, {}).update(dict.fromkeys(values))
+    return {k: tuple(v) for k, v in acc.items()}
+
+
+def parse_property_line(line: str) -> tuple[str, tuple[str, ...]] | None:
+    """(lower-cased key, values) of a Logseq `key:: value` line (also as a bullet's text), or None.
+
+    Comma-separated values become several (commas inside [[...]] do not split); [[x]], #[[x]] and #x become x.
+    Example: parse_property_line("tags:: work, [[Data, Platform]], #ops") -> ("tags", ("work", "Data, Platform", "ops"))
+    """
+    m = _PROPERTY_RE.match(line)
+    if m is None:
+        return None
+    key, raw = m.group(1).lower(), (m.group(2) or "").strip()
+    if key in LOGSEQ_TEXT_KEYS:
+        return key, (_unwrap_ref(raw),) if raw else ()
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(raw):  # split at commas outside [[...]], in one pass
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(raw[start:i])
+            start = i + 1
+    items.append(raw[start:])
+    return key, tuple(dict.fromkeys(_unwrap_ref(s.strip()) for s in items if s.strip()))
+
+
+def iso_date(value: str) -> str | None:
+    """The date a text starts with, as YYYY-MM-DD: 2026-03-02 (or _ . / separators, a time may follow),
+    2026年3月2日, "Mar 2nd, 2026" / "March 2, 2026" (Logseq's journal titles); None if none or not a real date."""
+    value = _unwrap_ref(value.strip())
+    if m := _ISO_DATE_RE.match(value):
+        y, mo, d = int(m.group(1)), int(m.group(3)), int(m.group(4))
+    elif m := _ZH_DATE_RE.match(value):
+        y, mo, d = (int(g) for g in m.groups())
+    elif m := _EN_DATE_RE.match(value):
+        name = m.group(1).lower()
+        mo = next((i + 1 for i, full in enumerate(_MONTH_NAMES) if full.startswith(name)), 0)  # 0: not a month
+        y, d = int(m.group(3)), int(m.group(2))
+    else:
+        return None
+    try:
+        return dt.date(y, mo, d).isoformat()
+    except ValueError:  # month 13, February 30, an unknown month name
+        return None
+
+
+def note_date(rel_path: str, properties: Mapping[str, Sequence[str]]) -> str | None:
+    """A note's own date (ISO): a Logseq journal's or daily note's file name (journals/2026_03_02.md,
+    2026-03-02.md, "2026-03-02 Monday.md"), else its first `date` property that reads as a date; else None."""
+    stem = PurePosixPath(rel_path).stem
+    if m := _ISO_DATE_RE.match(stem):
+        if m.group(2) in "-_" and (day := iso_date(m.group(0).replace("_", "-"))):
+            return day
+    for key in DATE_KEYS:
+        for value in properties.get(key, ()):
+            if day := iso_date(value):
+                return day
+    return None
+
+
+def logseq_page_name(stem: str) -> str:
+    """The Logseq page name a pages/ file stem encodes: "___" (triple-lowbar format) and "%2F" are "/",
+    other %XX escapes decoded. Example: logseq_page_name("Kestrel Project___Roadmap") -> "Kestrel Project/Roadmap"."""
+    return urllib.parse.unquote(stem.replace("___", "/"))
+
+
+def _fence_states(lines: Sequence[str]) -> list[int]:
+    """Per line: 0 outside code, 1 a fence's opening line, 2 inside a fence or its closing line (loose rules)."""
+    out: list[int] = []
+    fence: str | None = None
+    for line in lines:
+        m = _LOOSE_FENCE_RE.match(line)
+        run = (m.group(1) or m.group(2)) if m else ""
+        if fence is None:
+            fence = run or None
+            out.append(1 if run else 0)
+        else:
+            out.append(2)
+            if run and run[0] == fence[0] and len(run) >= len(fence) and line.strip().lstrip("-*+ \t") == run:
+                fence = None
+    return out
+
+
+def code_fence_lines(lines: Sequence[str]) -> list[bool]:
+    """For each line, whether it is part of a fenced code block (fence lines included), with fences allowed
+    after indentation and a bullet as outlines and list items put them; an unclosed fence runs to the end."""
+    return [state > 0 for state in _fence_states(lines)]
 
 
 def _prose_lines(lines: list[str]) -> list[str]:
@@ -388,27 +585,220 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     return a[:n]
 
 
-def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens: int = 0) -> ParsedNote:
+# ---- outlines (Logseq) ----------------------------------------------------------------------------------------------
+
+
+def _indent_width(indent: str) -> int:
+    return indent.count(" ") + TAB_COLUMNS * indent.count("\t")
+
+
+def _looks_like_outline(body: Sequence[str], in_code: Sequence[bool]) -> bool:
+    """Most non-empty lines are bullets or their indented continuations (page properties may come first), and
+    no line is a Markdown heading: a note with headings and long lists is a Markdown note."""
+    bullets = others = total = 0
+    seen_bullet = False
+    for line, code in zip(body, in_code):
+        if not line.strip():
+            continue
+        if not code and _parse_heading(line):
+            return False
+        total += 1
+        if not code and _BULLET_RE.match(line):
+            bullets, seen_bullet = bullets + 1, True
+        elif not (seen_bullet and (code or line[0] in " \t")) and not (not seen_bullet and _PROPERTY_RE.match(line)):
+            others += 1
+    return bullets >= OUTLINE_MIN_BULLETS and others <= (1 - OUTLINE_MIN_SHARE) * total
+
+
+def _in_logseq_folder(rel_path: str) -> bool:
+    parts = PurePosixPath(rel_path).parts
+    return len(parts) > 1 and parts[-2] in LOGSEQ_FOLDERS
+
+
+def is_outline(rel_path: str, text: str, logseq_graph: bool = False) -> bool:
+    """Whether a note is chunked as an outline: any note in a pages/ or journals/ folder of a Logseq graph
+    (`logseq_graph`: the vault root holds a logseq/ folder), else text whose lines are mostly bullets."""
+    if logseq_graph and _in_logseq_folder(rel_path):
+        return True
+    lines = split_lines(text.lstrip("\ufeff"))
+    _, fm_lines, _ = parse_frontmatter("\n".join(lines))
+    body = lines[fm_lines:]
+    return _looks_like_outline(body, code_fence_lines(body))
+
+
+@dataclass
+class _OBlock:
+    """One outline block: a bullet with its continuation lines (property lines set apart)."""
+
+    indent: int
+    parent: int | None
+    lines: list[tuple[int, str]] = field(default_factory=list)  # (file line, text), property lines left out
+    props: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    label: str = ""
+    tokens: int = 0
+
+
+def _block_label(text: str) -> str:
+    """A block's first line as a heading-path entry: bullet, heading marks and [[ ]] dropped, cut short."""
+    label = _LABEL_REF_RE.sub(r"\1", text.strip().lstrip("-*+ \t").lstrip("#").strip())
+    label = " ".join(label.split())
+    return label if len(label) <= OUTLINE_PATH_BLOCK_CHARS else label[: OUTLINE_PATH_BLOCK_CHARS - 1].rstrip() + "…"
+
+
+def _outline_blocks(body: list[str], first_line: int) -> list[_OBlock]:
+    """Blocks in document order; block 0 holds the lines before the first bullet (page properties, text)."""
+    blocks = [_OBlock(-1, None)]
+    stack: list[int] = []  # open blocks, outermost first
+    states = _fence_states(body)
+    found: dict[int, list[dict[str, tuple[str, ...]]]] = defaultdict(list)  # block index -> its property lines
+    for offset, line in enumerate(body):
+        lineno = first_line + offset
+        m = None if states[offset] == 2 else _BULLET_RE.match(line)  # a fence may open on a bullet's line
+        if m:
+            indent = _indent_width(m.group(1))
+            while stack and blocks[stack[-1]].indent >= indent:
+                stack.pop()
+            blocks.append(_OBlock(indent, stack[-1] if stack else None))
+            stack.append(len(blocks) - 1)
+        block = blocks[-1]
+        prop = None if states[offset] else parse_property_line(line)
+        if prop:
+            found[len(blocks) - 1].append({prop[0]: prop[1]})
+        else:
+            block.lines.append((lineno, line))
+    for i, b in enumerate(blocks):
+        b.props = _merge_properties(*found.get(i, ()))
+        kept = [k for k, (_, t) in enumerate(b.lines) if t.strip()]
+        b.lines = b.lines[kept[0] : kept[-1] + 1] if kept else []  # no blank lines at either end
+        b.label = next((_block_label(t) for _, t in b.lines if t.strip()), "")
+        b.tokens = estimate_tokens("\n".join(t for _, t in b.lines))
+    return blocks
+
+
+def _outline_path(blocks: list[_OBlock], i: int) -> tuple[str, ...]:
+    labels = []
+    p = blocks[i].parent
+    while p is not None:
+        labels.append(blocks[p].label)
+        p = blocks[p].parent
+    return tuple(x for x in reversed(labels) if x)[:OUTLINE_PATH_MAX_LEVELS]
+
+
+@dataclass
+class _Unit:
+    path: tuple[str, ...]
+    text: str  # raw lines, indentation kept (dedented once the chunk is complete)
+    start: int
+    end: int
+    props: dict[str, tuple[str, ...]]
+    tokens: int
+    label_only: bool = False  # a parent's one short line, named in full by its children's heading paths
+
+
+def _outline_units(blocks: list[_OBlock], limit: int) -> list[_Unit]:
+    """A block's subtree as one unit while it fits `limit`; a bigger one gives its own lines (split at line and
+    sentence ends when they alone are too long), then its children, whose paths name it."""
+    n = len(blocks)
+    last = list(range(n))  # each block's last descendant (descendants follow their block)
+    subtree = [b.tokens for b in blocks]
+    for i in range(n - 1, 0, -1):
+        p = blocks[i].parent
+        if p is not None:
+            last[p], subtree[p] = max(last[p], last[i]), subtree[p] + subtree[i]
+    units: list[_Unit] = []
+    i = 0
+    while i < n:
+        b = blocks[i]
+        whole = i > 0 and subtree[i] <= limit  # block 0 (before the first bullet) has no children
+        members = blocks[i : last[i] + 1] if whole else [b]
+        lines = [ln for m in members for ln in m.lines]
+        if any(t.strip() for _, t in lines):
+            path = _outline_path(blocks, i)
+            props = _merge_properties(*(m.props for m in members)) if i else {}
+            tokens = sum(m.tokens for m in members)
+            if tokens <= limit:
+                label_only = not whole and last[i] > i and len(lines) == 1 and not b.label.endswith("…")
+                units.append(_Unit(path, "\n".join(t for _, t in lines), lines[0][0], lines[-1][0], props, tokens, label_only))
+            else:
+                pieces = [_Block(t, line, line, tokens=estimate_tokens(t)) for line, t in lines]
+                split = [q for piece in pieces for q in _split_block(piece, limit)]
+                for k, q in enumerate(_pack(split, limit, joiner="\n")):
+                    units.append(_Unit(path, q.text, q.start, q.end, props if k == 0 else {}, q.tokens))
+        i = last[i] + 1 if whole else i + 1
+    return units
+
+
+def _chunk_outline(blocks: list[_OBlock], limit: int) -> list[Chunk]:
+    """Outline chunks: each unit joins the one before while they fit and it lies under that one's path, so a
+    parent's line stays with its first children and a child never joins its parent's later siblings. A parent's
+    short line left alone is dropped: its children's heading paths carry it, as section titles do."""
+    merged: list[_Unit] = []
+    for u in _outline_units(blocks, limit):
+        prev = merged[-1] if merged else None
+        fits = prev is not None and prev.tokens + u.tokens <= limit and not u.label_only  # a label opens a chunk
+        if prev is not None and fits and u.path[: len(prev.path)] == prev.path:
+            props = _merge_properties(prev.props, u.props)
+            merged[-1] = _Unit(prev.path, prev.text + "\n" + u.text, prev.start, u.end, props, prev.tokens + u.tokens)
+        else:
+            merged.append(u)
+    return [
+        Chunk(textwrap.dedent(u.text).strip(), HEADING_SEP.join(u.path), u.start, u.end, u.props)
+        for u in merged
+        if not u.label_only  # its text lives on in the heading paths of the chunks after it
+    ]
+
+
+def chunk_note(
+    text: str,
+    fallback_title: str,
+    chunk_tokens: int,
+    overlap_tokens: int = 0,
+    *,
+    rel_path: str = "",
+    logseq_graph: bool = False,
+) -> ParsedNote:
     """Parse a note into metadata and heading-aware chunks of at most about `chunk_tokens` tokens.
 
     Sections split at Markdown headings (never inside fenced code); adjacent small sections merge up to the
     limit under their common heading path; long sections split at paragraphs, then sentences, then hard.
     With `overlap_tokens`, a split section's chunk starts with the previous chunk's last sentences.
+    An outline (is_outline: `rel_path` and `logseq_graph` as there) is chunked at block boundaries instead,
+    without overlap. `rel_path` also gives the note's date (note_date) and a Logseq page's title.
     """
     lines = split_lines(text.lstrip("\ufeff"))
     text = "\n".join(lines)
     meta, fm_lines, fm_error = parse_frontmatter(text)
     body = lines[fm_lines:]
-    sections = _sections(body, fm_lines + 1)
-    title = str(meta.get("title") or "").strip()
+    in_code = code_fence_lines(body)
+    in_graph = logseq_graph and _in_logseq_folder(rel_path)
+    outline = in_graph or _looks_like_outline(body, in_code)
+    if outline:
+        blocks = _outline_blocks(body, fm_lines + 1)
+        page_props = [blocks[0].props] + ([blocks[1].props] if len(blocks) > 1 and not blocks[1].lines else [])
+        block_props = [{k: v for k, v in b.props.items() if k not in LOGSEQ_BLOCK_KEYS} for b in blocks[1:]]
+        line_props = _merge_properties(*page_props, *block_props)
+        prose = "\n".join(line for line, code in zip(body, in_code) if not code)
+    else:
+        found = (parse_property_line(line) for line, code in zip(body, in_code) if not code and "::" in line)
+        line_props = _merge_properties(*({p[0]: p[1]} for p in found if p and p[0] not in LOGSEQ_BLOCK_KEYS))
+        prose = "\n".join(_prose_lines(body))
+    properties = _merge_properties(frontmatter_properties(meta), line_props)
+    sections = [] if outline else _sections(body, fm_lines + 1)
+    title = str(meta.get("title") or "").strip() or next(iter(line_props.get("title", ())), "")
     if not title:  # the first level-1 heading (the section parser already skips fenced code)
         title = next((sec.path[0] for sec in sections if len(sec.path) == 1 and sec.lines[0].startswith("# ")), "")
-    title = title or fallback_title
+    title = title or (logseq_page_name(fallback_title) if in_graph else fallback_title)
     tags = _as_str_list(meta.get("tags") or meta.get("tag"))
-    prose = _INLINE_CODE_RE.sub("", "\n".join(_prose_lines(body)))
+    prose = _INLINE_CODE_RE.sub("", prose)
     inline = tuple(m.group(1) for m in _INLINE_TAG_RE.finditer(prose))
-    tags = tuple(dict.fromkeys(tags + inline))
+    if outline:
+        inline += tuple(m.group(1).strip() for m in _BRACKET_TAG_RE.finditer(prose))
+    tags = tuple(dict.fromkeys(tags + line_props.get("tags", ()) + inline))
     aliases = _as_str_list(meta.get("aliases") or meta.get("alias"))
+    aliases = tuple(dict.fromkeys(aliases + line_props.get("alias", ()) + line_props.get("aliases", ())))
+    date = note_date(rel_path, properties)
+    if outline:
+        return ParsedNote(title, tags, aliases, tuple(_chunk_outline(blocks, chunk_tokens)), fm_error, properties, date, True)
 
     # Each section becomes packed pieces; then adjacent single-piece sections merge while they fit.
     units: list[tuple[tuple[str, ...], _Block, bool]] = []  # (heading path, block, whole section?)
@@ -442,7 +832,7 @@ def chunk_note(text: str, fallback_title: str, chunk_tokens: int, overlap_tokens
         else:
             merged.append((path, block, whole))
     chunks = tuple(Chunk(b.text, HEADING_SEP.join(path), b.start, b.end) for path, b, _ in merged)
-    return ParsedNote(title, tags, aliases, chunks, fm_error)
+    return ParsedNote(title, tags, aliases, chunks, fm_error, properties, date)
 
 
 def chunk_context(title: str, heading_path: str) -> str:

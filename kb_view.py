@@ -10,18 +10,53 @@ import logging
 import re
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bm25_index import BM25Index, load_index, save_index
 from kb_config import IndexFormatError
-from kb_state import ChunkRecord, FileRecord
+from kb_links import LinkResolver
+from kb_state import ChunkRecord, FileRecord, LinkRow
 from kb_text import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 # Distinct metadata strings whose tokens are cached (cleared when full or when the dictionary changes).
 META_TOKEN_CACHE = 50_000
+
+
+@dataclass(frozen=True)
+class LinkGraph:
+    """The vault's note-to-note links as the view holds them, resolved together (a new note can take over a name).
+
+    `outgoing[path]`: (link, resolved path or None) in the note's order; `backlinks[path]`: (linking note, link);
+    `unresolved[path]`: links that lead nowhere; `ambiguous`: names several notes share, with their paths.
+    """
+
+    resolver: LinkResolver
+    outgoing: dict[str, list[tuple[LinkRow, str | None]]]
+    backlinks: dict[str, list[tuple[str, LinkRow]]]
+    unresolved: dict[str, list[LinkRow]]
+    ambiguous: dict[str, tuple[str, ...]]
+
+
+def build_link_graph(files: dict[str, FileRecord]) -> LinkGraph:
+    """Resolve every stored link against the notes in `files` (links into the same note are not backlinks)."""
+    notes = {p: r for p, r in files.items() if not r.skipped}
+    resolver = LinkResolver(notes, {p: r.aliases for p, r in notes.items() if r.aliases})
+    outgoing: dict[str, list[tuple[LinkRow, str | None]]] = {}
+    backlinks: dict[str, list[tuple[str, LinkRow]]] = {}
+    unresolved: dict[str, list[LinkRow]] = {}
+    for path, rec in notes.items():
+        for row in rec.links:
+            target = resolver.resolve(row[0], path).path if row[0] else path
+            outgoing.setdefault(path, []).append((row, target))
+            if target is None:
+                unresolved.setdefault(path, []).append(row)
+            elif target != path:
+                backlinks.setdefault(target, []).append((path, row))
+    return LinkGraph(resolver, outgoing, backlinks, unresolved, resolver.ambiguous_names())
 
 
 class IndexView:
@@ -43,10 +78,20 @@ class IndexView:
         self._saved_version = -1  # the version the BM25 pickle on disk holds
         self._stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         self._meta_tokens: dict[str, list[str]] = {}
+        self._graph: tuple[int, LinkGraph | None] = (-1, None)
 
     @property
     def changed_since_save(self) -> bool:
         return self.version != self._saved_version
+
+    def link_graph(self) -> LinkGraph:
+        """The resolved links of the notes in the view (rebuilt after any change; dictionary lookups only)."""
+        with self.mutex:
+            version, graph = self._graph
+            if graph is None or version != self.version:
+                graph = build_link_graph(self.files)
+                self._graph = (self.version, graph)
+            return graph
 
     # ---- persistence ---------------------------------------------------------------------------------------------
 
