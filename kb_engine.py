@@ -317,6 +317,7 @@ class Engine:
         if full and not self._swept:
             self._swept = True
             sweep_temp_files(self.cfg.kb_dir, recursive=True)  # hidden copies of notes a killed append left
+            sweep_temp_files(self.cfg.index_dir, recursive=True)  # half-written state, views and segments
         if rebuild:
             self._rebuild(report)
         disk = scan_vault(self.cfg) if full else self._stat_paths(paths or [])

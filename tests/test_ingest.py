@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -486,3 +487,18 @@ def test_skipped_files_lists_what_the_scan_could_not_take_as_a_note(small_vault,
     assert report.added == 4
     assert "FIFO" in skipped["pipe.md"]
     assert "dangling.md" in skipped and any("caf" in p for p in skipped)
+
+
+def test_first_sync_sweeps_old_temp_files_a_killed_writer_left(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    hour_ago = time.time() - 3600
+    leftovers = [engine.cfg.index_dir / ".kb-tmp-old.tmp", engine.cfg.index_dir / "vectors" / ".kb-tmp-old2.tmp"]
+    leftovers.append(small_vault / "projects" / ".kb-tmp-note.tmp")
+    for p in leftovers:
+        p.write_text("torn", encoding="utf-8")
+        os.utime(p, (hour_ago, hour_ago))
+
+    make_engine(small_vault).sync_all()
+
+    assert not any(p.exists() for p in leftovers)
