@@ -468,8 +468,10 @@ class Engine:
                 plans.append(self._plan(path, stat, self._state.get(path)))
             if progress and (i % 100 == 0 or i == len(work)):
                 progress("read", i, len(work))
-        with self.mutex:
-            self.view.refresh_user_terms(adding=[p.record for p in plans if p.chunks])
+        adding = [p.record for p in plans if p.chunks]
+        if adding:  # with nothing to add this would recompute every note's terms (~4 ms at 9,000 notes)
+            with self.mutex:
+                self.view.refresh_user_terms(adding=adding)
         batch: list[_Plan] = []
         size = 0
         for n, plan in enumerate(plans, 1):

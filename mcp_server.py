@@ -1,26 +1,30 @@
 """MCP server (stdio) over a Markdown vault: search, append-only write-back, note reading; and the --search self-test.
 
-Answers the client at once; imports the heavy libraries, syncs the index and loads the model in the background.
+The MCP SDK's own stdio server answers the client as soon as the SDK is imported (about a second); the engine, jieba
+and the model load in a background thread, in the order that gets a keyword answer soonest. File events (watchdog)
+say which notes changed, so a search re-checks just those; a full stat walk is the fallback and a periodic audit.
 Logs go to stderr only: in stdio mode stdout is the protocol.
 """
 
 import argparse
-import importlib.util
+import contextlib
+import errno
 import json
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated, Any
 
 from kb_config import Config, KBError, add_common_args, load_cli_config, setup_logging
+from kb_state import file_identity
 
 logger = logging.getLogger("mcp_server")
 
-# Offline always: never reach Hugging Face, never send Chroma telemetry.
+# Offline always: never reach Hugging Face, never send telemetry.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -28,21 +32,44 @@ OFFLINE_ENV = {
     "ANONYMIZED_TELEMETRY": "False",
     "TOKENIZERS_PARALLELISM": "false",
 }
-# How long a search waits for a sync another thread is running (the startup sync) before answering from what is indexed.
+# How long a search with changes to apply waits for a sync another thread is running before answering from what is
+# indexed (a search with nothing to apply never waits).
 SYNC_WAIT_S = 20.0
+# How long a search waits for the start-up thread's first keyword view before saying "still starting".
+STARTUP_WAIT_S = 60.0
+# How long a mode="semantic" search waits for the model still loading at start-up (hybrid never waits: it answers
+# with keywords and says semantic results join shortly).
+MODEL_WAIT_S = 60.0
 # On shutdown, how long to let a running sync finish its current batch before exiting.
 SHUTDOWN_WAIT_S = 3.0
 # Save this process's keyword view to disk at most this often (it is the next process's fast start).
 SAVE_VIEW_DELAY_S = 10.0
-# torch threads in the server. It embeds one short query at a time, where a second thread saves ~10 ms on an idle
-# 2-core machine but, measured here, turned 15 ms into ~490 ms when the other core was busy (e.g. the client itself).
-SERVER_TORCH_THREADS = 1
-# Recorded MCP handshake answers (initialize, tools/list), replayed at start-up while the SDK imports.
-HANDSHAKE_CACHE = "mcp-handshake.json"
-# Packages whose version shapes those answers (the tool schemas come from pydantic).
-HANDSHAKE_DEPENDENCIES = ("mcp", "mcp_types", "pydantic", "pydantic_core")
+# Model threads in the server (torch, or numpy/BLAS for USE). It embeds one short query at a time, where a second
+# thread saves ~10 ms on an idle 2-core machine but, measured here, turned 15 ms into ~490 ms (torch) when the other
+# core was busy (e.g. the client itself).
+SERVER_MODEL_THREADS = 1
+# Before taking the changed paths, a search sleeps this long so watchdog's threads hand over events the kernel has
+# already queued: anything saved before the request was sent is queued by then, and inotify -> handler took
+# p50 0.2 ms, p99 4 ms, max 4.2 ms here (200 writes, idle and with one core busy). Residual risk: a handler delayed
+# past this (a heavily overloaded machine) is picked up by the next search; hits themselves are re-checked by stat.
+EVENT_SETTLE_S = 0.002
+# While searches come in, a full stat walk runs in the background this often, as an audit of the events (a folder
+# past the inotify watch limit is silently unwatched, network file systems send no events). No search waits for it.
+SAFETY_WALK_S = 30.0
+# Audits in a row that must find changes no event reported before the server stops trusting events and walks the
+# vault before every search (one alone may be an edit racing the walk).
+MISSED_AUDITS_TO_FALLBACK = 2
 # Longest title shown per note in list_notes.
 TITLE_CHARS = 80
+# Characters of a file name or path quoted in an error message (names can be thousands of characters).
+QUOTE_CHARS = 120
+# Ending of a reply cut by the last-resort size guard.
+CUT_MARK = "\n[cut to fit the response budget]"
+# Said with keyword-only answers while the model loads after a start.
+SEMANTIC_LOADING_NOTE = (
+    "semantic results join shortly: the embedding model is still loading, so this answer is keyword search only "
+    "(if nothing relevant was found, search again in a few seconds)"
+)
 
 INSTRUCTIONS = (
     "The user's personal Markdown notes (a 'second brain'). Search them before answering questions about the user's "
@@ -51,60 +78,145 @@ INSTRUCTIONS = (
 )
 
 
-class KnowledgeBase:
-    """Everything behind the tools: the engine (created in the background), freshness checks and the tools' logic."""
+def fit(text: str, budget: int) -> str:
+    """`text` cut to `budget` characters, saying so (the last-resort guard of the response budget)."""
+    if len(text) <= budget:
+        return text
+    return text[: max(0, budget - len(CUT_MARK))] + CUT_MARK
 
-    def __init__(self, cfg: Config) -> None:
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + f"... ({len(text):,} characters)")
+
+
+def os_error_message(e: OSError) -> str:
+    """A tool error for an operating-system refusal: what failed, on which path, and what to pass instead."""
+    where = f" for {_quote(e.filename)}" if e.filename else ""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno == errno.ENAMETOOLONG:
+        hint = "a name is longer than 255 bytes or the path longer than the system allows; pass a shorter path"
+    elif e.errno in (errno.EACCES, errno.EPERM):
+        hint = "the server may not read or write it; check the file's permissions"
+    else:
+        hint = "pass a note path from list_notes or search"
+    return f"the file system refused the operation{where}: {what}; {hint}"
+
+
+class KnowledgeBase:
+    """Everything behind the tools: the engine (created in the background), freshness, and the tools' logic."""
+
+    def __init__(self, cfg: Config, embedder: Any = None) -> None:
         self.cfg = cfg
         self.engine: Any = None
         self.searcher: Any = None
-        self._ready = threading.Event()
+        self._embedder = embedder  # None: the configured model (tests pass a small fake)
+        self._view_ready = threading.Event()  # engine built and its keyword view current: searches may answer
+        self._model_ready = threading.Event()  # the model loaded, or failed (engine.model_error says why)
+        self.startup_done = threading.Event()  # the start-up thread finished (synced, vectors embedded)
         self._init_error: BaseException | None = None
-        self._last_check = 0.0
+        self._started = False
         self._save_timer: threading.Timer | None = None
         self._save_lock = threading.Lock()
+        # Freshness: file events when they work, else a stat walk before each search.
+        self.changes: Any = None  # kb_watch.ChangeCollector once watching
+        self._observer: Any = None
+        self._walk_reason: str | None = None  # why searches walk the vault (None: file events are trusted)
+        self._last_walk = 0.0  # time.monotonic() of the last full walk that completed
+        self._audit_running = threading.Lock()
+        self._embedding = threading.Lock()  # held while a background embed_pending runs
+        self._missed_audits = 0
+        self._state_seen: Any = None  # state.json's identity when this process last synced (others commit there)
+        self.counts = {
+            "event_syncs": 0,  # searches that applied changed paths from file events
+            "state_checks": 0,  # searches with no event, checking only whether another process committed
+            "full_walks_before_search": 0,  # searches that walked the whole vault first (fallback, lost events)
+            "full_walks_in_background": 0,  # start-up and audit walks, which no search waits for
+            "changes_missed_by_events": 0,  # notes an audit walk found changed without an event
+        }
 
     # ---- start-up -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Build the engine, watch the vault, load the view, jieba and the model in a background thread (once)."""
+        if self._started:
+            return
+        self._started = True
         threading.Thread(target=self._startup, name="kb-startup", daemon=True).start()
 
     def _startup(self) -> None:
+        """The start-up thread: everything in the order that gets a first answer soonest."""
         try:
-            from ingest import Engine
+            self._load_in_order()
+        finally:
+            self.startup_done.set()
+
+    def _load_in_order(self) -> None:
+        try:
+            from kb_engine import Engine
             from kb_search import Searcher
-            from kb_vectors import SentenceTransformerEmbedder
+            from kb_vectors import make_embedder
 
             cfg = self.cfg
-            embedder = SentenceTransformerEmbedder(
-                cfg.embed_model, cfg.embed_device, cfg.embed_batch_size, threads=SERVER_TORCH_THREADS
+            embedder = self._embedder or make_embedder(
+                cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, threads=SERVER_MODEL_THREADS
             )
             self.engine = Engine(cfg, embedder)
             self.searcher = Searcher(self.engine)
         except BaseException as e:  # reported by every tool call
             self._init_error = e
             logger.exception("start-up failed")
+            self._view_ready.set()
+            self._model_ready.set()
             return
-        finally:
-            self._ready.set()
+        engine = self.engine
+        self._start_watching()  # before the first walk, so no edit made during it is missed
         try:
-            self.engine.sync_all()
-            self._last_check = time.monotonic()
-            if self.engine.view_changed:
+            engine.sync_all(write=False)  # the keyword view, current with the notes: all a first answer needs
+            self._walked(background=True)
+        except Exception:
+            logger.exception("start-up sync of the keyword view failed; the next search retries")
+        try:
+            with engine.mutex:
+                engine.tokenizer.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
+        finally:
+            self._view_ready.set()
+        load_model(engine)
+        self._model_ready.set()
+        try:
+            engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)
+            if engine.view_changed:
                 self._schedule_save()
+            if engine.model_error is None:
+                engine.embed_pending()
         except Exception:
             logger.exception("start-up sync failed; the next search retries")
-        with self.engine.mutex:
-            self.engine.tokenizer.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.7 s): not in a search
-        if self.engine.model_error is None:
-            try:
-                self.engine.embedder.load()  # so the first search does not pay for it
-            except KBError as e:
-                self.engine.model_error = str(e)
-                logger.warning("%s", e)
+
+    def _start_watching(self) -> None:
+        from kb_watch import ChangeCollector, start_observer
+
+        self.changes = ChangeCollector(self.cfg.kb_dir, self.cfg.extensions)
+        try:
+            self._observer = start_observer(self.cfg.kb_dir, self.changes)
+        except Exception as e:  # no inotify instance left, no watchdog, an unwatchable folder: walk instead
+            self._walk_reason = f"file events unavailable ({type(e).__name__}: {e})"
+            logger.warning("%s; the vault is walked before each search instead", self._walk_reason)
+        else:
+            logger.info("watching %s for changes (%s)", self.cfg.kb_dir, type(self._observer).__name__)
+
+    def shutdown(self) -> None:
+        """Stop watching and let a running sync end its batch (bounded): the process exits right after."""
+        if self._observer is not None:
+            self._observer.stop()  # not joined: the process is about to exit
+        engine = self.engine
+        if engine is not None and engine.syncing:
+            engine.cancel = True
+            deadline = time.monotonic() + SHUTDOWN_WAIT_S
+            while engine.syncing and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _engine(self) -> Any:
-        if not self._ready.wait(timeout=60):
+        if not self._view_ready.wait(timeout=STARTUP_WAIT_S):
             raise KBError("the index is still starting up; try again in a few seconds")
         if self._init_error is not None:
             raise KBError(f"the knowledge base could not start: {self._init_error}")
@@ -123,30 +235,145 @@ class KnowledgeBase:
         except Exception:
             logger.exception("could not save the keyword index cache (harmless: the next start rebuilds it)")
 
+    # ---- freshness ------------------------------------------------------------------------------------------
+
+    def _walked(self, background: bool) -> None:
+        self._last_walk = time.monotonic()
+        self.counts["full_walks_in_background" if background else "full_walks_before_search"] += 1
+
     def ensure_fresh(self) -> list[str]:
-        """The cheap stale check before a search: one stat walk, applying any change. Returns notes for the reply."""
+        """Make the view match the notes before a search; returns notes for the reply.
+
+        With file events: apply the paths they named (nothing else is read), or, with none, only check whether
+        another process committed. Without events, or after lost ones: one stat walk of the vault.
+        """
         engine = self._engine()
         notes: list[str] = []
-        if time.monotonic() - self._last_check < self.cfg.check_interval_s:
-            return notes
-        try:
-            report = engine.try_sync(SYNC_WAIT_S)
-        except KBError as e:
-            notes.append(f"the index could not be refreshed ({e}); results may miss recent edits")
-            return notes
-        self._last_check = time.monotonic()
-        if report is None:
-            done = engine.progress
-            notes.append(
-                "indexing is still running"
-                + (f" ({done[0]}/{done[1]} chunks)" if done else "")
-                + "; results cover what is indexed so far"
-            )
-        elif engine.view_changed:
-            self._schedule_save()
+        if self._walk_reason is not None:
+            if time.monotonic() - self._last_walk >= self.cfg.check_interval_s:
+                self._sync(engine, None, notes)
+        else:
+            time.sleep(EVENT_SETTLE_S)
+            self._apply_events(engine, notes)
         if engine.model_error:
             notes.append(f"semantic search is off: {engine.model_error}")
         return notes
+
+    def _apply_events(self, engine: Any, notes: list[str]) -> None:
+        from kb_watch import expand_folders
+
+        changes = self.changes.take()
+        if changes is None:
+            self.counts["state_checks"] += 1
+            if file_identity(engine.state_path) != self._state_seen:  # another process committed: take it in
+                self._sync(engine, [], notes, wait_s=0.0)
+            return
+        paths: list[str] | None = None
+        if not changes.full:
+            with engine.mutex:
+                paths, whole = expand_folders(changes, self.cfg.kb_dir, list(engine.files))
+            if whole:
+                paths = None
+        if paths is None:
+            logger.info("walking the vault before this search: %s", changes.reason or "the vault folder itself changed")
+        else:
+            self.counts["event_syncs"] += 1
+        if not self._sync(engine, paths, notes):
+            self.changes.put_back(changes)  # not applied (busy or failed): the next search tries again
+
+    def _sync(self, engine: Any, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
+        """engine.try_sync with the reply's notes; True if it ran."""
+        try:
+            report = self._try_sync(wait_s, paths)
+        except KBError as e:
+            notes.append(f"the index could not be refreshed ({e}); results may miss recent edits")
+            return False
+        if report is None:
+            if wait_s > 0 or engine.progress:
+                done = engine.progress
+                notes.append(
+                    "indexing is still running"
+                    + (f" ({done[0]}/{done[1]} chunks)" if done else "")
+                    + "; results cover what is indexed so far"
+                )
+            return False
+        self._state_seen = file_identity(engine.state_path)
+        if paths is None:
+            self._walked(background=False)
+        if engine.view_changed:
+            self._schedule_save()
+        return True
+
+    def _try_sync(self, wait_s: float, paths: list[str] | None) -> Any:
+        """engine.try_sync, never loading the model on a search's path: before the model is ready, changes are
+        committed without vectors (keyword search has them at once); vectors the engine leaves to embed are embedded
+        in the background."""
+        engine = self.engine
+        if self._model_ready.is_set():
+            report = engine.try_sync(wait_s, paths)
+        else:
+            report = engine.try_sync(wait_s, paths, embed_limit=0)
+        if report is not None and report.pending_vectors and self._model_ready.is_set() and engine.model_error is None:
+            if self._embedding.acquire(blocking=False):
+                threading.Thread(target=self._embed_pending, name="kb-embed", daemon=True).start()
+        return report
+
+    def _embed_pending(self) -> None:
+        try:
+            self.engine.embed_pending()
+        except Exception:
+            logger.exception("embedding the changed notes failed; the next sync retries")
+        finally:
+            self._embedding.release()
+
+    def _after_search(self) -> None:
+        """Start the background audit walk when one is due (only while searches come in)."""
+        if self._walk_reason is not None or time.monotonic() - self._last_walk < SAFETY_WALK_S:
+            return
+        if self._audit_running.acquire(blocking=False):
+            threading.Thread(target=self._audit, name="kb-audit", daemon=True).start()
+
+    def _audit(self) -> None:
+        """A full walk after the events were applied: whatever it still finds changed, the events missed."""
+        try:
+            engine = self.engine
+            self._last_walk = time.monotonic()
+            ignored: list[str] = []
+            self._apply_events(engine, ignored)
+            report = self._try_sync(SYNC_WAIT_S, None)
+            if report is None:
+                return
+            self._walked(background=True)
+            missed = report.added + report.changed + report.removed if report.vectors else 0
+            self.counts["changes_missed_by_events"] += missed
+            self._missed_audits = self._missed_audits + 1 if missed else 0
+            if missed:
+                logger.warning("the audit walk found %d changed notes that no file event reported", missed)
+            if self._missed_audits >= MISSED_AUDITS_TO_FALLBACK:
+                self._walk_reason = (
+                    f"{MISSED_AUDITS_TO_FALLBACK} audit walks in a row found changes file events had not reported "
+                    "(e.g. folders past the inotify watch limit, or a network file system)"
+                )
+                logger.warning("%s; walking the vault before each search from now on", self._walk_reason)
+        except Exception:
+            logger.exception("the audit walk failed; the next one retries")
+        finally:
+            self._audit_running.release()
+
+    def _stale_hits(self, result: Any) -> list[str]:
+        """Hit notes whose file no longer matches the index (an event still in flight): one stat per note."""
+        engine = self.engine
+        stale = []
+        for path in dict.fromkeys(h.path for h in result.hits):
+            rec = engine.files.get(path)
+            try:
+                st = os.stat(self.cfg.kb_dir / path)
+                now: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                now = None
+            if rec is None or now != (rec.mtime_ns, rec.size):
+                stale.append(path)
+        return stale
 
     # ---- tools ----------------------------------------------------------------------------------------------
 
@@ -159,22 +386,49 @@ class KnowledgeBase:
         tag: str | None = None,
         modified_within_days: float | None = None,
     ) -> tuple[str, dict]:
+        from kb_scan import modified_cutoff
+
+        modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
         notes = self.ensure_fresh()
-        result = self.searcher.search(
-            query, top_k=top_k, mode=mode, path_prefix=path_prefix, tag=tag, modified_within_days=modified_within_days
-        )
+        mode = mode or self.cfg.search_mode
+        if mode != "keyword" and not self._model_ready.is_set():
+            if mode == "semantic":
+                if not self._model_ready.wait(MODEL_WAIT_S):
+                    raise KBError(
+                        f"the embedding model is still loading after {MODEL_WAIT_S:.0f} s; try again shortly, or "
+                        "search with mode='keyword'"
+                    )
+            else:
+                mode = "keyword"
+                notes.append(SEMANTIC_LOADING_NOTE)
+
+        def run() -> Any:
+            return self.searcher.search(
+                query, top_k=top_k, mode=mode, path_prefix=path_prefix, tag=tag, modified_within_days=modified_within_days
+            )
+
+        result = run()
+        stale = self._stale_hits(result)
+        if stale:  # a hit's note changed after the events were taken: apply it and search again
+            logger.info("re-checking %d hit notes changed on disk: %s", len(stale), stale[:3])
+            if self._sync(self.engine, stale, notes):
+                result = run()
         notes += result.notes
+        self._after_search()
         return format_search(result, notes, self.cfg.max_response_chars)
 
     def append(self, path: str, content: str, heading: str | None, create_heading: bool) -> tuple[str, dict]:
         from kb_write import append_to_note
 
-        engine = self._engine()
+        self._engine()
         result = append_to_note(self.cfg, path, content, heading, create_heading)
         indexed = "and indexed"
         try:
-            if engine.try_sync(SYNC_WAIT_S, [result.path]) is None:
+            report = self._try_sync(SYNC_WAIT_S, [result.path])
+            if report is None:
                 indexed = "but not yet indexed (a long indexing run is busy); the next search indexes it"
+            elif report.lock_timeout:
+                indexed = "but not yet indexed (another process held the index lock); the next search indexes it"
         except KBError as e:
             indexed = f"but not yet indexed ({e}); the next search indexes it"
         if result.duplicate:
@@ -191,16 +445,18 @@ class KnowledgeBase:
         return text, asdict(result)
 
     def read_note(self, path: str, heading: str | None, start_line: int) -> tuple[str, dict]:
-        from kb_scan import resolve_inside
+        from kb_scan import read_note_bytes, resolve_inside
         from kb_state import decode_note
+        from kb_text import split_lines
 
         self._engine()
         full, norm = resolve_inside(self.cfg, path)
         try:
-            text, _ = decode_note(full.read_bytes())
+            text, _ = decode_note(read_note_bytes(full, self.cfg.max_file_bytes))
         except (OSError, ValueError) as e:
-            raise KBError(f"cannot read '{norm}': {e}") from e
-        lines = text.replace("\r\n", "\n").split("\n")
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise KBError(f"cannot read '{norm}': {reason}; check the note with index_status (skipped files)") from e
+        lines = split_lines(text)  # as chunk line numbers count them, so cited lines match (CR-only notes too)
         if len(lines) > 1 and lines[-1] == "":
             lines.pop()  # the final newline ends the last line; it does not start an empty one
         first, last, repeat_note = 1, len(lines), ""
@@ -212,18 +468,34 @@ class KnowledgeBase:
                 where = f"section '{heading.strip()}' of '{norm}' (lines {first}-{last})"
             raise KBError(f"start_line {start_line} is past the end of {where}; pass a start_line from {first} to {last}")
         first = max(first, start_line)
-        budget = self.cfg.max_response_chars
+        # Room for the header (its longest form, numbers at their widest) and one cut-line notice.
+        widest = len(str(len(lines) + 1))
+        header_room = len(norm) + len(repeat_note) + 260 + 4 * widest
+        budget = max(200, self.cfg.max_response_chars - header_room)
         out: list[str] = []
         used = 0
         end = first - 1
+        cut_line: tuple[int, int, int] | None = None  # (line number, characters shown, characters in the line)
         for i in range(first - 1, last):
-            if used + len(lines[i]) + 1 > budget and out:
-                break
-            out.append(lines[i])
-            used += len(lines[i]) + 1
+            line = lines[i]
+            if used + len(line) + 1 > budget:
+                if out:
+                    break
+                line = line[:budget]  # one line longer than the whole budget: show its start
+                cut_line = (i + 1, len(line), len(lines[i]))
+            out.append(line)
+            used += len(line) + 1
             end = i + 1
+            if cut_line:
+                break
         body = "\n".join(out)
         header = f"{norm} lines {first}-{end} of {len(lines)}{repeat_note}"
+        if cut_line:
+            n, shown, total = cut_line
+            header += (
+                f" (line {n} has {total:,} characters; only its first {shown:,} are shown: read_note pages by whole "
+                "lines, search finds words in the rest)"
+            )
         more = end < last
         if more:
             header += f" (cut to fit the response budget; call read_note again with start_line={end + 1} for the rest)"
@@ -232,38 +504,42 @@ class KnowledgeBase:
             "line_start": first,
             "line_end": end,
             "total_lines": len(lines),
-            "truncated": more,
+            "truncated": more or cut_line is not None,
             "next_start_line": end + 1 if more else None,
+            "line_cut": {"line": cut_line[0], "shown_chars": cut_line[1], "total_chars": cut_line[2]} if cut_line else None,
             "text": body,
         }
 
     def list_notes(self, path_prefix: str | None, modified_within_days: float | None) -> tuple[str, dict]:
+        from kb_scan import modified_cutoff, normalize_prefix, under_prefix
+
+        since = modified_cutoff(modified_within_days)
         self.ensure_fresh()
         engine = self.engine
-        prefix = (path_prefix or "").strip().replace("\\", "/").strip("/")
-        since = time.time() - modified_within_days * 86400 if modified_within_days is not None else None
+        prefix = normalize_prefix(path_prefix)
         with engine.mutex:
             rows = [
                 (p, r)
                 for p, r in engine.files.items()
-                if (not prefix or p == prefix or p.startswith(prefix + "/")) and (since is None or r.mtime_ns / 1e9 >= since)
+                if under_prefix(p, prefix) and (since is None or r.mtime_ns / 1e9 >= since)
             ]
         rows.sort(key=lambda x: -x[1].mtime_ns)
-        lines, items, used = [], [], 0
-        for p, r in rows:
-            stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.mtime_ns / 1e9))
-            line = f"{p} | {r.title[:TITLE_CHARS]} | {stamp}" + (f" | skipped: {r.skipped}" if r.skipped else "")
-            if used + len(line) + 1 > self.cfg.max_response_chars - 200:
-                break
-            lines.append(line)
-            items.append({"path": p, "title": r.title, "modified": stamp, "tags": list(r.tags)})
-            used += len(line) + 1
         head = (
             f"{len(rows)} notes"
             + (f" under '{prefix}/'" if prefix else "")
             + (f" modified in the last {modified_within_days:g} days" if since is not None else "")
             + ", newest first"
         )
+        room = self.cfg.max_response_chars - len(head) - 200  # 200: the "showing N" remark
+        lines, items, used = [], [], 0
+        for p, r in rows:
+            stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.mtime_ns / 1e9))
+            line = f"{p} | {r.title[:TITLE_CHARS]} | {stamp}" + (f" | skipped: {r.skipped}" if r.skipped else "")
+            if used + len(line) + 1 > room:
+                break
+            lines.append(line)
+            items.append({"path": p, "title": r.title, "modified": stamp, "tags": list(r.tags)})
+            used += len(line) + 1
         if len(items) < len(rows):
             head += f"; showing {len(items)} (narrow with path_prefix or modified_within_days for the rest)"
         return head + ":\n" + "\n".join(lines), {"total": len(rows), "notes": items, "truncated": len(items) < len(rows)}
@@ -272,6 +548,7 @@ class KnowledgeBase:
         self.ensure_fresh()
         engine = self._engine()
         rep = engine.last_report
+        pending = engine.pending_vectors
         with engine.mutex:
             info = {
                 "kb_dir": str(self.cfg.kb_dir),
@@ -280,26 +557,64 @@ class KnowledgeBase:
                 "chunks": len(engine.chunks),
                 "model": engine.embedder.name,
                 "semantic_search": engine.model_error is None,
+                "model_loading": not self._model_ready.is_set(),
                 "model_error": engine.model_error,
                 "sync_running": engine.syncing,
                 "sync_progress": list(engine.progress) if engine.progress else None,
+                "chunks_without_vector": pending or None,
                 "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at))
                 if engine.last_sync_at
                 else None,
                 "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
                 "last_sync_summary": rep.summary() if rep else None,
-                "skipped_files": engine.skipped_files(),
+                "change_detection": self._change_detection(),
+                "freshness": dict(self.counts, file_events=self.changes.events if self.changes else 0),
                 "writable": list(self.cfg.writable),
                 "creatable": list(self.cfg.creatable),
             }
-        warning = engine.model_warning()
-        info["warning"] = warning
-        lines = [f"{k}: {v}" for k, v in info.items() if k != "skipped_files" and v not in (None, [], {})]
-        skipped = info["skipped_files"]
+        skipped = engine.skipped_files()
+        info["warning"] = engine.model_warning()
+        lines = [f"{k}: {v}" for k, v in info.items() if v not in (None, [], {})]
+        info["skipped_total"] = len(skipped)
+        info["skipped_files"] = {}
         if skipped:
+            room = self.cfg.max_response_chars - sum(len(x) + 1 for x in lines) - 300  # 300: the two remarks
             lines.append(f"skipped files ({len(skipped)}):")
-            lines += [f"  {p}: {why}" for p, why in list(skipped.items())[:50]]
+            for p, why in skipped.items():
+                line = f"  {p}: {why}"
+                if len(line) + 1 > room:
+                    break
+                lines.append(line)
+                info["skipped_files"][p] = why
+                room -= len(line) + 1
+            rest = len(skipped) - len(info["skipped_files"])
+            if rest:
+                lines.append(
+                    f"  ... and {rest} more, cut to fit the response budget; list_notes (with a path_prefix) marks "
+                    "every skipped note with its reason"
+                )
         return "\n".join(lines), info
+
+    def _change_detection(self) -> str:
+        if self._walk_reason is not None:
+            return f"stat walk of the vault before each search: {self._walk_reason}"
+        if self._observer is None:
+            return "starting"
+        return (
+            f"file events ({type(self._observer).__name__}); a full walk audits them every {SAFETY_WALK_S:.0f} s "
+            "while searches come in"
+        )
+
+
+def load_model(engine: Any) -> None:
+    """Load the engine's model now, so no search pays for it; a failure leaves keyword search, with the reason."""
+    if engine.model_error is not None:
+        return
+    try:
+        engine.embedder.load()
+    except KBError as e:
+        engine.model_error = str(e)
+        logger.warning("%s", e)
 
 
 def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int, str]:
@@ -308,12 +623,12 @@ def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int
 
     found = find_sections(lines, heading)
     if not found:
-        names = ", ".join(t for _, _, t in list_headings(lines)[:30]) or "none"
-        raise KBError(f"heading '{heading.strip()}' is not in '{norm}'; its headings are: {names}")
+        names = ", ".join(t[:TITLE_CHARS] for _, _, t in list_headings(lines)[:30]) or "none"
+        raise KBError(f"heading {_quote(heading.strip())} is not in '{norm}'; its headings are: {names}")
     start, end, _ = found[0]
     note = ""
     if len(found) > 1:
-        others = ", ".join(str(i + 1) for i, _, _ in found[1:])
+        others = ", ".join(str(i + 1) for i, _, _ in found[1:20])
         note = f" (the heading appears {len(found)} times; this is the first, others start at lines {others}: use start_line)"
     return start + 1, end, note
 
@@ -337,7 +652,7 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
         if result.closest:
             text += " Nearest notes, low confidence: " + ", ".join(result.closest) + "."
         structured["closest"] = result.closest
-        return "\n".join([text, *notes]), structured
+        return fit("\n".join([text, *notes]), budget), structured
     head = f'{len(result.hits)} hits for "{result.query}" ({result.mode}); cite as path:lines'
     parts = [head, *notes]
     used = sum(len(p) + 1 for p in parts)
@@ -348,7 +663,7 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
             + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
         )
         block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title} · {scores}\n{h.snippet}"
-        if used + len(block) > budget:
+        if used + len(block) > budget - 200:  # 200: the remark below
             structured["truncated"] = True
             parts.append(
                 f"\n({len(result.hits) - i + 1} more hits cut to fit the response budget; lower top_k or narrow "
@@ -358,7 +673,7 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
         parts.append(block)
         structured["hits"].append(h.as_dict())
         used += len(block)
-    return "\n".join(parts), structured
+    return fit("\n".join(parts), budget), structured
 
 
 # ---- the MCP server -------------------------------------------------------------------------------------------
@@ -367,7 +682,9 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
 def build_server(kb: KnowledgeBase) -> Any:
     """The MCPServer with its five tools; every failure becomes a tool error the model can read.
 
-    The SDK is imported here, not at module level: serve() answers the handshake while this import runs.
+    The SDK is imported here, not at module level, so `--search` and `--help` never pay for it. The knowledge base
+    starts from the server's lifespan, i.e. once the SDK's stdio transport owns stdout (a stray print from any
+    library loading in the background then lands on stderr, never in the protocol).
     (No `from __future__ import annotations` in this module, so the tool annotations below resolve to these names.)
     """
     from mcp.server.mcpserver import MCPServer
@@ -375,19 +692,34 @@ def build_server(kb: KnowledgeBase) -> Any:
     from mcp_types import CallToolResult, TextContent, ToolAnnotations
     from pydantic import Field
 
-    server = MCPServer(name=kb.cfg.server_name, instructions=INSTRUCTIONS, log_level=kb.cfg.log_level)
+    from kb_scan import MAX_MODIFIED_WITHIN_DAYS
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_server: Any) -> AsyncIterator[dict]:
+        kb.start()
+        yield {}
+
+    server = MCPServer(name=kb.cfg.server_name, instructions=INSTRUCTIONS, log_level=kb.cfg.log_level, lifespan=lifespan)
+    budget = kb.cfg.max_response_chars
 
     def run(fn: Any, *args: Any) -> CallToolResult:
         try:
             text, data = fn(*args)
         except KBError as e:
-            raise ToolError(str(e)) from e
+            raise ToolError(fit(str(e), budget)) from e
+        except OSError as e:  # a path the operating system refuses (too long, no permission): the model can fix it
+            raise ToolError(fit(os_error_message(e), budget)) from e
         except Exception as e:
             logger.exception("tool failed")
             raise ToolError(f"internal error ({type(e).__name__}: {e}); the server keeps running, see its log") from e
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+        return CallToolResult(content=[TextContent(type="text", text=fit(text, budget))], structured_content=data)
 
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    days = Field(
+        description=f"Only notes changed in the last N days (above 0, at most {MAX_MODIFIED_WITHIN_DAYS}), e.g. 7",
+        gt=0,
+        le=MAX_MODIFIED_WITHIN_DAYS,
+    )
 
     @server.tool(annotations=read_only)
     def search_my_knowledge_base(
@@ -401,7 +733,7 @@ def build_server(kb: KnowledgeBase) -> Any:
             Field(description="hybrid (default), keyword (exact names, ids) or semantic", pattern="^(hybrid|keyword|semantic)$"),
         ] = None,
         tag: Annotated[str | None, Field(description="Only notes with this tag, e.g. 'health'")] = None,
-        modified_within_days: Annotated[float | None, Field(description="Only notes changed in the last N days", gt=0)] = None,
+        modified_within_days: Annotated[float | None, days] = None,
     ) -> CallToolResult:
         """Search the user's personal notes (Markdown vault). Call it before answering anything about the user's own
         projects, decisions, people, plans, configs or past work, and cite hits as path:lines. Returns note path,
@@ -436,71 +768,32 @@ def build_server(kb: KnowledgeBase) -> Any:
     @server.tool(annotations=read_only)
     def list_notes(
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'daily/'")] = None,
-        modified_within_days: Annotated[float | None, Field(description="Only notes changed in the last N days", gt=0)] = None,
+        modified_within_days: Annotated[float | None, days] = None,
     ) -> CallToolResult:
         """List notes (path | title | last modified), newest first, e.g. to see recent daily notes."""
         return run(kb.list_notes, path_prefix, modified_within_days)
 
     @server.tool(annotations=read_only)
     def index_status() -> CallToolResult:
-        """Index health: notes and chunks indexed, last sync, model, running sync, skipped files and why."""
+        """Index health: notes and chunks indexed, last sync, model, running sync, how changes are detected, skipped
+        files and why."""
         return run(kb.status)
 
     return server
 
 
 def serve(cfg: Config) -> int:
-    """Serve MCP over stdio until the client goes away, answering the handshake while the SDK still imports."""
-    from kb_handshake import HandshakeFront, code_key
-
-    # The recorded answers are valid only for this code and these SDK versions (their files' size and mtime).
-    sdk = [Path(s.origin) for name in HANDSHAKE_DEPENDENCIES if (s := importlib.util.find_spec(name)) and s.origin]
-    key = code_key(Path(__file__).resolve(), *sdk, cfg.server_name)
-    front = HandshakeFront(cfg.data_dir / HANDSHAKE_CACHE, key)
-    front.start()
+    """Serve MCP over stdio (the SDK's own transport) until the client goes away, then exit at once."""
     kb = KnowledgeBase(cfg)
-    loaded: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def load_sdk() -> None:
-        try:
-            loaded["server"] = build_server(kb)
-        except BaseException as e:  # reported below, in the main thread
-            loaded["error"] = e
-        ready.set()
-
-    threading.Thread(target=load_sdk, name="sdk-import", daemon=True).start()
-    if front.answer_until(ready):
-        if "error" in loaded:
-            raise loaded["error"]
-        kb.start()
-        try:
-            _run_sdk(loaded["server"], front)
-        except KeyboardInterrupt:
-            pass
+    server = build_server(kb)  # imports the SDK (~0.7 s); `initialize` is answered as soon as run() starts
+    try:
+        server.run("stdio")
+    except KeyboardInterrupt:
+        pass
     logger.info("client disconnected; shutting down")
-    engine = kb.engine
-    if engine is not None and engine.syncing:
-        engine.cancel = True
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        while engine.syncing and time.monotonic() < deadline:
-            time.sleep(0.05)
+    kb.shutdown()
     sys.stderr.flush()
-    os._exit(0)  # daemon threads (model loading, chroma) must not keep a client-less server alive
-
-
-def _run_sdk(server: Any, front: Any) -> None:
-    """MCPServer.run_stdio_async, over the front's streams instead of the process's stdin/stdout."""
-    import anyio
-    from mcp.server.stdio import stdio_server
-
-    async def run() -> None:
-        stdin, stdout = front.sdk_streams()
-        async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
-            low = server._lowlevel_server
-            await low.run(read_stream, write_stream, low.create_initialization_options())
-
-    anyio.run(run)
+    os._exit(0)  # daemon threads (model loading, file events) must not keep a client-less server alive
 
 
 # ---- the --search self-test ------------------------------------------------------------------------------------
@@ -508,7 +801,7 @@ def _run_sdk(server: Any, front: Any) -> None:
 
 def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path_prefix: str | None, as_json: bool) -> int:
     """Run the same sync + search as the tool, without MCP, and print the hits."""
-    from ingest import Engine
+    from kb_engine import Engine
     from kb_search import Searcher
 
     t0 = time.perf_counter()
@@ -518,11 +811,8 @@ def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path
         engine.save_view()
     sync_ms = (time.perf_counter() - t0) * 1000
     t1 = time.perf_counter()
-    if mode != "keyword" and engine.model_error is None:
-        try:
-            engine.embedder.load()  # timed apart: the search time below is what a warm server pays
-        except KBError as e:
-            engine.model_error = str(e)
+    if mode != "keyword":
+        load_model(engine)  # timed apart: the search time below is what a warm server pays
     load_ms = (time.perf_counter() - t1) * 1000
     result = Searcher(engine).search(query, top_k=top_k, mode=mode, path_prefix=path_prefix)
     notes = list(result.notes)

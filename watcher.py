@@ -1,7 +1,8 @@
 """Optional watcher: keeps the index built ahead of searches by applying file events as they happen.
 
-Uses watchdog (inotify / FSEvents / ReadDirectoryChangesW, or polling with --poll) and ingest.Engine.
-Safe beside the server and the ingest CLI: all writers share the engine's inter-process lock.
+Uses kb_watch (watchdog: inotify / FSEvents / ReadDirectoryChangesW, or polling with --poll) and the engine, like the
+server does before each search. Safe beside the server and the ingest CLI: all writers share the engine's
+inter-process lock.
 """
 
 from __future__ import annotations
@@ -11,84 +12,30 @@ import logging
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from kb_config import KBError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
+from kb_watch import DEFAULT_POLL_INTERVAL_S, ChangeCollector, Changes, expand_folders, start_observer, stop_observer
 
 logger = logging.getLogger("watcher")
 
 # Default quiet time after the last event before changes are applied (editors save in bursts).
 DEFAULT_DEBOUNCE_S = 1.0
-# Never hold changes longer than this, even while events keep coming.
-MAX_DELAY_S = 10.0
 # Save the keyword view for the next process's fast start at most this often.
 SAVE_VIEW_EVERY_S = 60.0
-# Default rescan interval of the polling observer.
-DEFAULT_POLL_INTERVAL_S = 2.0
 
 
-class ChangeCollector:
-    """Collects note paths from file events; a folder event or an ignore-file change asks for a full sync."""
-
-    def __init__(self, kb_dir: Path) -> None:
-        self.kb_dir = kb_dir
-        self._lock = threading.Lock()
-        self._paths: set[str] = set()
-        self._full = False
-        self._first_at: float | None = None
-        self._last_at = 0.0
-        self.wake = threading.Event()
-
-    def on_event(self, event: Any) -> None:
-        """watchdog callback (its observer thread): record what the event touched."""
-        if event.event_type in ("opened", "closed_no_write"):
-            return
-        paths = [event.src_path] + ([event.dest_path] if getattr(event, "dest_path", "") else [])
-        paths = [p.decode() if isinstance(p, bytes) else p for p in paths]
-        full = event.is_directory and event.event_type in ("moved", "deleted", "created")
-        full = full or any(Path(p).name == ".kbignore" for p in paths)
-        with self._lock:
-            now = time.monotonic()
-            if self._first_at is None:
-                self._first_at = now
-            self._last_at = now
-            self._full |= full
-            if not event.is_directory:
-                self._paths.update(paths)
-        self.wake.set()
-
-    def take(self, debounce_s: float) -> tuple[list[str], bool] | None:
-        """The collected changes once quiet for `debounce_s` (or held MAX_DELAY_S), else None."""
-        with self._lock:
-            if self._first_at is None:
-                return None
-            now = time.monotonic()
-            if now - self._last_at < debounce_s and now - self._first_at < MAX_DELAY_S:
-                return None
-            paths, full = sorted(self._paths), self._full
-            self._paths, self._full, self._first_at = set(), False, None
-            self.wake.clear()
-            return paths, full
-
-
-def make_observer(kb_dir: Path, collector: ChangeCollector, poll: bool, poll_interval_s: float) -> Any:
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-    from watchdog.observers.polling import PollingObserver
-
-    class Handler(FileSystemEventHandler):
-        def on_any_event(self, event: Any) -> None:
-            collector.on_event(event)
-
-    observer = PollingObserver(timeout=poll_interval_s) if poll else Observer()
-    observer.schedule(Handler(), str(kb_dir), recursive=True)
-    return observer
-
-
-def apply_changes(engine: Any, paths: list[str], full: bool, verbose: bool) -> Any:
-    """Apply collected changes through the engine; prints each handled file with --verbose."""
-    report = engine.sync_all() if full else engine.apply_file_changes(paths)
+def apply_changes(engine: Any, changes: Changes | None, verbose: bool) -> Any:
+    """Apply collected changes through the engine (None: a full sync); prints each handled file with --verbose."""
+    paths: list[str] | None = None
+    if changes is not None and not changes.full:
+        with engine.mutex:
+            paths, whole = expand_folders(changes, engine.cfg.kb_dir, list(engine.files))
+        if whole:
+            paths = None
+    report = engine.sync_all() if paths is None else engine.apply_file_changes(paths)
+    if report.pending_vectors and engine.model_error is None:  # a big batch (a git pull): embed it all now
+        engine.embed_pending()
     if verbose:
         for path, action in report.details:
             print(f"{action:<9} {path}", flush=True)
@@ -108,11 +55,10 @@ def watch(
     ready: threading.Event | None = None,
 ) -> None:
     """Run until `stop` is set: an initial full sync, then debounced event batches."""
-    collector = ChangeCollector(engine.cfg.kb_dir)
-    observer = make_observer(engine.cfg.kb_dir, collector, poll, poll_interval_s)
-    observer.start()  # before the first sync, so no edit made during it is missed
-    try:
-        apply_changes(engine, [], True, verbose)
+    collector = ChangeCollector(engine.cfg.kb_dir, engine.cfg.extensions)
+    observer = start_observer(engine.cfg.kb_dir, collector, poll=poll, poll_interval_s=poll_interval_s)
+    try:  # the observer runs before the first sync, so no edit made during it is missed
+        apply_changes(engine, None, verbose)
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
         if ready is not None:
@@ -128,12 +74,12 @@ def watch(
                 stop.wait(0.05)
                 continue
             try:
-                apply_changes(engine, *batch, verbose)
-            except KBError as e:  # a lock held too long, a model error: keep watching, retry on the next event
+                apply_changes(engine, batch, verbose)
+            except KBError as e:  # a lock held too long, a model error: keep watching, retry with the next events
                 logger.warning("could not apply changes: %s", e)
+                collector.put_back(batch)
     finally:
-        observer.stop()
-        observer.join(timeout=5)
+        stop_observer(observer, collector)
         if engine.view_changed:
             engine.save_view()
 
@@ -168,12 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose, args.quiet)
     try:
         cfg = load_cli_config(args)
-        from ingest import Engine
-        from kb_vectors import SentenceTransformerEmbedder
+        from kb_engine import Engine
+        from kb_vectors import make_embedder
 
-        engine = Engine(
-            cfg, SentenceTransformerEmbedder(cfg.embed_model, cfg.embed_device, cfg.embed_batch_size, allow_download=True)
-        )
+        embedder = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, allow_download=True)
+        engine = Engine(cfg, embedder)
         print(f"watching {cfg.kb_dir} (Ctrl+C to stop)", file=sys.stderr)
         watch(
             engine,

@@ -2,6 +2,7 @@
 
 Times the product's own code paths (Engine.sync_all, Searcher.search, `mcp_server.py` over stdio) on a copy of a vault
 or a generated one, with the index in --out-dir; never touches the user's notes or index. Imports the project modules.
+`--mcp` times the server only, through the MCP SDK's client, as a user feels it (eval/bench_mcp.py).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def bench_ingest(vault: Path, out_dir: Path, embedder: RecordingEmbedder, runs: 
 
     Interleaving keeps both measured under the same machine load. Returns the last engine (index in out_dir/data).
     """
-    from ingest import Engine
+    from kb_engine import Engine
 
     res: dict[str, Any] = {"ingest_s": [], "embed_in_pipeline_s": [], "save_view_s": [], "raw_s": []}
     engine: Any = None
@@ -500,7 +501,6 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         inner.embed_documents(["warm-up", "模型预热"])  # first call pays one-off torch set-up
         model_load_s = time.perf_counter() - t0
         embedder = RecordingEmbedder(inner, inner.name)
-    import chromadb  # noqa: F401  (a one-off import, kept out of the ingest timings like the model load)
 
     def add(key: str, value: Any, unit: str, note: str = "", by: str | None = None) -> None:
         metrics.append(Metric(key, value, unit, by or label, note))
@@ -512,8 +512,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         "ingest_s",
         ingest_s,
         "s",
-        f"median of {ingest_runs} full ingests (Engine.sync_all on an empty index; "
-        "model load and chromadb import excluded, jieba set-up included)",
+        f"median of {ingest_runs} full ingests (Engine.sync_all on an empty index; model load excluded, jieba set-up included)",
     )
     add("ingest_chunks_per_s", chunks / ingest_s if ingest_s else None, "chunks/s")
     add("ingest_embed_s", statistics.median(ing["embed_in_pipeline_s"]), "s", "time inside embed_documents during ingest")
@@ -570,7 +569,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     engine.save_view()  # the server should start from a current keyword view, as after ingest.py
     index_dir = engine.cfg.index_dir
     add("index_total_mb", disk_usage_mb(index_dir), "MB", str(index_dir))
-    add("index_chroma_mb", disk_usage_mb(index_dir / "chroma"), "MB")
+    add("index_vectors_mb", disk_usage_mb(index_dir / "vectors"), "MB", "the vector segments")
     add("index_bm25_mb", disk_usage_mb(engine.cfg.bm25_index_file), "MB")
     add("index_state_mb", disk_usage_mb(index_dir / "state.json"), "MB")
     add("bench_peak_rss_mb", _self_peak_mb(), "MB", "this benchmark process (ru_maxrss)")
@@ -671,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
         "first search, peak memory, index size. The index goes into --out-dir; your notes and index are never touched.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="examples:\n  python eval/bench.py --synthetic 50 --fake-embedder --json\n"
-        "  python eval/bench.py --kb-dir ~/notes --repeat 1 --out-dir /tmp/kb-bench",
+        "  python eval/bench.py --kb-dir ~/notes --repeat 1 --out-dir /tmp/kb-bench\n"
+        "  python eval/bench.py --mcp --busy --kb-dir ~/notes --out-dir /tmp/kb-bench-mcp",
     )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--kb-dir", type=Path, help="benchmark a copy of this vault (copied into --out-dir, never written)")
@@ -693,17 +693,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out-dir", type=Path, help="work folder for the vault copy and the index (default: a temp dir, removed after)"
     )
+    parser.add_argument(
+        "--mcp",
+        action="store_true",
+        help="time the MCP server only, through the SDK's stdio client: launch -> initialize and -> first answer, search "
+        "p50/p95, edit -> searchable for five kinds of edit (see eval/bench_mcp.py)",
+    )
+    parser.add_argument(
+        "--busy", action="store_true", help="with --mcp: run every timing again beside a process spinning one core"
+    )
+    parser.add_argument(
+        "--mode", choices=SEARCH_MODES, default="hybrid", help="with --mcp: the search mode the server is configured with"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="with --mcp and --kb-dir: start from the index of --kb-dir already built in this data_dir (copied, never "
+        "written), instead of indexing the copy from scratch",
+    )
     args = parser.parse_args(argv)
     if args.synthetic is not None and args.synthetic < 1:
         parser.error("--synthetic needs at least 1 note")
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat needs at least 1")
+    if args.mcp and args.fake_embedder:
+        parser.error("--mcp times the server with its real model; leave out --fake-embedder")
+    if not args.mcp and (args.busy or args.data_dir or args.mode != "hybrid"):
+        parser.error("--busy, --mode and --data-dir go with --mcp")
     setup_logging(default="WARNING")
     temp = args.out_dir is None
     out_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) if temp else args.out_dir.expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        result = run_bench(args, out_dir)
+        if args.mcp:
+            from bench_mcp import run_mcp_bench
+
+            result = run_mcp_bench(args, out_dir)
+        else:
+            result = run_bench(args, out_dir)
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

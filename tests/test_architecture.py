@@ -19,15 +19,33 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 # Which project modules each module may import (STYLE.md section 1). Entry scripts may import anything below them.
 ALLOWED = {
     "kb_config": set(),
+    "kb_watch": set(),
+    "kb_files": set(),
     "kb_scan": {"kb_config"},
     "kb_text": {"kb_config"},
-    "kb_state": {"kb_config"},
+    "kb_links": {"kb_config", "kb_text"},
+    "kb_state": {"kb_config", "kb_files"},
     "kb_vectors": {"kb_config"},
-    "bm25_index": {"kb_config", "kb_text"},
-    "ingest": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors"},
-    "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
-    "kb_write": {"kb_config", "kb_scan", "kb_text", "kb_state"},
-    "kb_handshake": set(),
+    "kb_store": {"kb_config", "kb_files"},
+    "kb_chroma": {"kb_config"},
+    "bm25_index": {"kb_config", "kb_files", "kb_text"},
+    "kb_view": {"kb_config", "kb_state", "kb_text", "bm25_index", "kb_links"},
+    "kb_engine": {
+        "kb_config",
+        "kb_files",
+        "kb_scan",
+        "kb_text",
+        "kb_state",
+        "bm25_index",
+        "kb_vectors",
+        "kb_store",
+        "kb_chroma",
+        "kb_view",
+        "kb_links",
+    },
+    "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine"},
+    "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
+    "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {
         "kb_config",
         "kb_scan",
@@ -35,17 +53,28 @@ ALLOWED = {
         "kb_state",
         "bm25_index",
         "kb_vectors",
-        "ingest",
+        "kb_engine",
         "kb_search",
         "kb_write",
-        "kb_handshake",
+        "kb_watch",
+        "kb_links",
+        "kb_related",
     },
-    "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "ingest"},
+    "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
+# Entry scripts: nothing imports them.
+ENTRY_SCRIPTS = {"ingest", "mcp_server", "watcher"}
 PROJECT = set(ALLOWED)
 # Imported by the server process: nothing here may print to stdout (it is the MCP protocol).
 SERVER_SIDE = [
     "kb_config",
+    "kb_files",
+    "kb_store",
+    "kb_chroma",
+    "kb_links",
+    "kb_watch",
+    "kb_view",
+    "kb_engine",
     "kb_scan",
     "kb_text",
     "kb_state",
@@ -54,7 +83,6 @@ SERVER_SIDE = [
     "ingest",
     "kb_search",
     "kb_write",
-    "kb_handshake",
 ]
 
 
@@ -77,6 +105,11 @@ def test_module_imports_only_layers_below_it(module):
     assert _imports(module) <= ALLOWED[module], f"{module} imports {_imports(module) - ALLOWED[module]}"
 
 
+def test_no_module_imports_an_entry_script():
+    offenders = {m: _imports(m) & ENTRY_SCRIPTS for m in ALLOWED if _imports(m) & ENTRY_SCRIPTS}
+    assert not offenders
+
+
 def test_every_top_level_module_is_in_the_layer_table():
     modules = {p.stem for p in REPO.glob("*.py")}
     assert modules == PROJECT
@@ -97,9 +130,11 @@ def test_server_side_module_never_prints_to_stdout(module):
 def test_every_config_key_is_in_example_file_and_readme():
     example = yaml.safe_load((REPO / "config.example.yaml").read_text(encoding="utf-8"))
 
+    leaves = {f.key for f in FIELDS}
+
     def flat(d, prefix=""):
         for k, v in d.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and f"{prefix}{k}" not in leaves:
                 yield from flat(v, f"{prefix}{k}.")
             else:
                 yield f"{prefix}{k}"

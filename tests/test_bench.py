@@ -31,7 +31,7 @@ TIME_KEYS = (
     "server_first_search_from_launch_ms",
     "server_first_search_call_ms",
 )
-SIZE_KEYS = ("index_total_mb", "index_chroma_mb", "index_bm25_mb", "index_state_mb", "server_peak_rss_mb")
+SIZE_KEYS = ("index_total_mb", "index_vectors_mb", "index_bm25_mb", "index_state_mb", "server_peak_rss_mb")
 
 
 def _load_bench():
@@ -99,3 +99,34 @@ def test_bench_copies_kb_dir_and_never_writes_into_it(tmp_path):
     with pytest.raises(KBError):
         bench.prepare_vault(src / "bench", src, None)  # an out dir inside the vault is refused
     assert sorted(p.name for p in src.iterdir()) == ["a.md"]
+
+
+def test_bench_mcp_mode_times_launch_searches_and_every_edit_kind_quiet_and_busy(tmp_path):
+    out = tmp_path / "bench-mcp"
+    args = ["--mcp", "--busy", "--synthetic", "12", "--mode", "keyword", "--repeat", "1", "--json", "--out-dir", str(out)]
+    proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(proc.stdout)
+    value = {k: m["value"] for k, m in data["metrics"].items()}
+    assert data["env"]["notes"] == 12 and data["env"]["busy"] is True and data["env"]["mode"] == "keyword"
+    for suffix in ("", "_busy"):
+        assert 0 < value[f"mcp_initialize_ms{suffix}"] <= value[f"mcp_first_answer_ms{suffix}"]
+        assert value[f"mcp_first_answer_mode{suffix}"] == "keyword"
+        assert 0 < value[f"mcp_search_p50_ms{suffix}"] <= value[f"mcp_search_p95_ms{suffix}"]
+        for kind in ("in_place", "atomic_save", "new_folder", "rename", "delete"):
+            assert value[f"mcp_edit_{kind}_ms{suffix}"] > 0, kind  # None: never found
+            assert value[f"mcp_edit_{kind}_searches{suffix}"] >= 1
+        assert value[f"mcp_full_walks_before_search{suffix}"] == 0  # edits came from file events
+    assert (out / "vault").is_dir() and (out / "server.log").is_file()
+
+
+@pytest.mark.parametrize("flags", [["--busy"], ["--data-dir", "/tmp"], ["--mcp", "--fake-embedder"]])
+def test_bench_refuses_mcp_flags_in_the_wrong_mode(tmp_path, flags):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--synthetic", "5", *flags, "--out-dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 2 and "--mcp" in proc.stderr

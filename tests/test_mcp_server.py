@@ -162,8 +162,11 @@ def mcp_session(config: Path, errlog: Path, *args: str, **env: str) -> Iterator[
             client = Client(stdio_client(params, errlog=err), read_timeout_seconds=START_TIMEOUT_S)
             with portal.wrap_async_context_manager(client) as connected:
                 session = Session(portal, connected, errlog, config, parse_errors)
-                # Warm up: the first search waits for the start-up sync and loads the model.
+                # Warm up: the first search waits for the keyword view; then wait for the model (answers are
+                # keyword-only while it loads), so every test sees the server as a user does a few seconds in.
                 session.ok("search_my_knowledge_base", {"query": "warm up"}, timeout=START_TIMEOUT_S)
+                loaded = _until(lambda: not session.ok("index_status").structured_content["model_loading"], START_TIMEOUT_S)
+                assert loaded, "the model did not load"
                 yield session
     finally:
         stdio_logger.removeHandler(parse_errors)
@@ -180,6 +183,16 @@ def shared(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def _paths(structured: dict[str, Any]) -> list[str]:
     return [h["path"] for h in structured["hits"]]
+
+
+def _until(predicate: Any, timeout_s: float = CALL_TIMEOUT_S) -> bool:
+    """Poll a condition (e.g. a file event reaching the server, which is asynchronous) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 # ---- tools and schemas --------------------------------------------------------------------------------------------
@@ -278,7 +291,6 @@ def test_update_knowledge_base_appends_and_next_search_finds_it(shared):
     [
         ("projects/homelab/Homelab.md", "is not writable"),
         ("../x.md", "'..' is not allowed"),
-        ("<vault>/inbox.md", "absolute path"),
         ("/tmp/x.md", "absolute path"),
         ("inbox.txt", "not a note"),
         (".obsidian/inbox.md", "hidden"),
@@ -383,6 +395,103 @@ def test_index_status_reports_notes_and_chunks(shared):
     assert data["notes"] == len(on_disk) and data["chunks"] >= data["notes"]
     assert data["semantic_search"] is True and data["writable"] == ["inbox.md"]
     assert f"notes: {data['notes']}" in result.content[0].text
+
+
+# ---- replies within budget, tool errors, freshness -------------------------------------------------------------------
+
+
+def test_read_note_cuts_a_line_longer_than_the_budget_and_says_so(shared):
+    note = shared.vault / "long-lines" / "minified.md"
+    note.parent.mkdir(exist_ok=True)
+    note.write_text("x" * 20_000 + "\nsecond line\n", encoding="utf-8")
+    result = shared.ok("read_note", {"path": "long-lines/minified.md"})
+    data, text = result.structured_content, result.content[0].text
+    assert len(text) <= MAX_RESPONSE_CHARS
+    assert data["line_cut"]["line"] == 1 and data["line_cut"]["total_chars"] == 20_000 and data["truncated"]
+    assert data["next_start_line"] == 2 and "start_line=2" in text and "20,000 characters" in text
+    assert shared.ok("read_note", {"path": "long-lines/minified.md", "start_line": 2}).structured_content["text"] == "second line"
+
+
+def test_index_status_bounds_the_skipped_list_and_says_where_the_rest_is(shared):
+    junk = shared.vault / "junk"
+    junk.mkdir(exist_ok=True)
+    for i in range(60):
+        (junk / f"{i:02d}-{'n' * 150}.md").write_bytes(b"\x00\x01binary\x00" * 10)
+    result = shared.ok("index_status")
+    data, text = result.structured_content, result.content[0].text
+    assert len(text) <= MAX_RESPONSE_CHARS
+    assert data["skipped_total"] >= 60 and 0 < len(data["skipped_files"]) < data["skipped_total"]
+    assert "more, cut to fit the response budget" in text and "list_notes" in text
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "fragment"),
+    [
+        ("search_my_knowledge_base", {"query": "backup", "modified_within_days": 1e308}, "36500"),
+        ("search_my_knowledge_base", {"query": "backup", "modified_within_days": "inf"}, "36500"),
+        ("search_my_knowledge_base", {"query": "backup", "modified_within_days": 0}, "modified_within_days"),
+        ("list_notes", {"modified_within_days": 1e308}, "36500"),
+        ("read_note", {"path": "n" * 303 + ".md"}, "n" * 20),
+        ("read_note", {"path": "deep/" * 1000 + "x.md"}, "deep/"),
+        ("update_knowledge_base", {"path": "n" * 303 + ".md", "content": "- x"}, "n" * 20),
+    ],
+    ids=["days-1e308", "days-inf", "days-0", "list-days-1e308", "name-303", "path-5000", "append-name-303"],
+)
+def test_out_of_range_arguments_are_tool_errors_not_internal_errors(shared, tool, args, fragment):
+    result = shared.call(tool, args)
+    text = result.content[0].text
+    assert result.is_error and fragment in text
+    assert "internal error" not in text and len(text) <= MAX_RESPONSE_CHARS
+    assert not shared.search("backup timer")["abstained"]  # and the server keeps answering
+
+
+def test_every_tool_reply_parses_when_notes_hold_unicode_line_separators(template, tmp_path):
+    # U+2028, U+2029 and U+0085 are line breaks to str.splitlines() but plain characters inside a JSON string: a
+    # transport that re-splits replies on them sends clients broken JSON lines. A server of its own: index_status
+    # must list this test's skipped note within its budget.
+    seps = "\u2028\u2029\u0085"
+    config = _clone(template, tmp_path)
+    vault = Path(load_config(config, env={}).kb_dir)
+    folder = vault / "seps"
+    folder.mkdir()
+    (folder / "zebu.md").write_text(
+        f"# Zebu{seps[0]}caravan\n\nThe zebu{seps[0]}caravan{seps[1]}rests at the{seps[2]}oasis at dusk.\n", encoding="utf-8"
+    )
+    (folder / f"bin{seps}ary.md").write_bytes(b"\x00binary\x00" * 10)  # listed by index_status as skipped
+    with mcp_session(config, tmp_path / "server.err") as session:
+        replies = [
+            session.ok("search_my_knowledge_base", {"query": "zebu caravan oasis", "mode": "keyword"}),
+            session.ok("read_note", {"path": "seps/zebu.md"}),
+            session.ok("list_notes", {"path_prefix": "seps/"}),
+            session.ok("index_status"),
+            session.call("update_knowledge_base", {"path": "inbox.md", "content": f"- zebu{seps}log", "heading": f"Zebu{seps}"}),
+        ]
+        texts = [r.content[0].text for r in replies]
+        assert "seps/zebu.md" in texts[0]
+        assert all(ch in texts[1] for ch in seps) and seps[0] in texts[2]
+        assert f"bin{seps}ary.md" in texts[3]
+        assert session.stdout_errors.messages == []  # the client parsed every line the server wrote
+
+
+def test_search_applies_file_events_without_walking_the_vault(shared):
+    def freshness() -> dict[str, int]:
+        return shared.ok("index_status").structured_content["freshness"]
+
+    before = freshness()
+    folder = shared.vault / "areas" / "zoo-fresh"
+    folder.mkdir(parents=True)
+    (folder / "tapir.md").write_text("# Tapir\n\nThe tapir enclosure gets a mud bath on Fridays.\n", encoding="utf-8")
+    assert _until(lambda: freshness()["file_events"] > before["file_events"])  # the event reached the server
+    seen = freshness()["file_events"]
+    tmp = folder / ".tapir.md.tmp"
+    tmp.write_text("# Tapir\n\nThe tapir enclosure gets a sand bath on Mondays.\n", encoding="utf-8")
+    os.replace(tmp, folder / "tapir.md")
+    assert _until(lambda: freshness()["file_events"] > seen)
+    data = shared.search("tapir enclosure sand bath Mondays")
+    assert _paths(data)[:1] == ["areas/zoo-fresh/tapir.md"] and any("sand bath" in h["snippet"] for h in data["hits"])
+    after = freshness()
+    assert after["full_walks_before_search"] == before["full_walks_before_search"] == 0
+    assert after["event_syncs"] > before["event_syncs"]
 
 
 # ---- protocol hygiene and process life ------------------------------------------------------------------------------

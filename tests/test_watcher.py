@@ -1,4 +1,5 @@
-"""watcher.py: debounced event collection, and the real watchdog loop applying edits, atomic saves, moves, deletions."""
+"""kb_watch + watcher.py: event collection (debounced or whole), and the real watchdog loop applying edits, atomic saves,
+moves and deletions."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+import kb_watch
 import watcher
 from kb_vectors import HashEmbedder
+from kb_watch import ChangeCollector, Changes, expand_folders
 
 WAIT_S = 20.0
 
@@ -31,37 +34,78 @@ def _until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
 
 
 def test_collector_waits_for_quiet_before_returning_changes(tmp_path):
-    c = watcher.ChangeCollector(tmp_path)
+    c = ChangeCollector(tmp_path, [".md"])
     assert c.take(0.2) is None
     c.on_event(_event("modified", str(tmp_path / "a.md")))
     c.on_event(_event("moved", str(tmp_path / ".a.md.swp"), str(tmp_path / "a.md")))
     assert c.take(0.2) is None  # still inside the debounce window
     time.sleep(0.25)
-    paths, full = c.take(0.2)
-    assert paths == sorted({str(tmp_path / "a.md"), str(tmp_path / ".a.md.swp")}) and full is False
+    changes = c.take(0.2)
+    assert changes.paths == {str(tmp_path / "a.md")} and not changes.full and not changes.folders
     assert c.take(0.2) is None
 
 
+def test_collector_keeps_only_notes_and_ignore_files(tmp_path):
+    c = ChangeCollector(tmp_path, [".md"])
+    for name in ("a.md", "B.MD", ".obsidian/workspace.json", "pic.png", "sub/.kbignore"):
+        c.on_event(_event("modified", str(tmp_path / name)))
+    changes = c.take()
+    assert changes.paths == {str(tmp_path / p) for p in ("a.md", "B.MD", "sub/.kbignore")}
+    assert changes.full and ".kbignore" in changes.reason
+
+
 @pytest.mark.parametrize(
-    ("event", "full"),
+    ("event", "folders", "full"),
     [
-        (_event("deleted", "/v/folder", is_dir=True), True),
-        (_event("moved", "/v/old", "/v/new", is_dir=True), True),
-        (_event("modified", "/v/sub/.kbignore"), True),
-        (_event("modified", "/v/folder", is_dir=True), False),
-        (_event("created", "/v/note.md"), False),
+        (_event("deleted", "/v/folder", is_dir=True), {"/v/folder"}, False),
+        (_event("moved", "/v/old", "/v/new", is_dir=True), {"/v/old"}, False),
+        (_event("created", "/v/new", is_dir=True), set(), False),
+        (_event("modified", "/v/sub/.kbignore"), set(), True),
+        (_event("created", "/v/note.md"), set(), False),
     ],
 )
-def test_collector_asks_full_sync_for_folder_and_ignore_file_events(tmp_path, event, full):
-    c = watcher.ChangeCollector(tmp_path)
+def test_collector_reports_folders_gone_and_asks_full_walk_only_for_ignore_files(tmp_path, event, folders, full):
+    c = ChangeCollector(tmp_path, [".md"])
     c.on_event(event)
-    time.sleep(0.02)
-    assert c.take(0.0)[1] is full
+    changes = c.take()
+    assert changes is not None or (not folders and not full)
+    if changes is not None:
+        assert changes.folders == folders and changes.full is full
+
+
+def test_expand_folders_adds_the_indexed_notes_under_a_folder_gone(tmp_path):
+    changes = Changes(paths={str(tmp_path / "x.md")}, folders={str(tmp_path / "proj")})
+    indexed = ["proj/a.md", "proj/sub/b.md", "project.md", "other/c.md"]
+    paths, whole = expand_folders(changes, tmp_path, indexed)
+    assert paths == sorted([str(tmp_path / "x.md"), "proj/a.md", "proj/sub/b.md"]) and not whole
+    assert expand_folders(Changes(folders={str(tmp_path)}), tmp_path, indexed)[1] is True
+
+
+def test_collector_put_back_merges_with_newer_changes(tmp_path):
+    c = ChangeCollector(tmp_path, [".md"])
+    c.on_event(_event("modified", str(tmp_path / "a.md")))
+    taken = c.take()
+    c.on_event(_event("deleted", str(tmp_path / "b.md")))
+    c.put_back(taken)
+    assert c.take().paths == {str(tmp_path / "a.md"), str(tmp_path / "b.md")}
+
+
+def test_collector_turns_watchdog_overflow_log_into_full_walk(tmp_path):
+    import logging
+
+    c = ChangeCollector(tmp_path, [".md"])
+    observer = kb_watch.start_observer(tmp_path, c)
+    try:
+        logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
+        changes = c.take()
+        assert changes.full and "overflow" in changes.reason
+    finally:
+        kb_watch.stop_observer(observer, c)
 
 
 def test_collector_flushes_after_max_delay_despite_constant_events(tmp_path, monkeypatch):
-    monkeypatch.setattr(watcher, "MAX_DELAY_S", 0.3)
-    c = watcher.ChangeCollector(tmp_path)
+    monkeypatch.setattr(kb_watch, "MAX_DELAY_S", 0.3)
+    c = ChangeCollector(tmp_path, [".md"])
     deadline = time.monotonic() + 2
     got = None
     while time.monotonic() < deadline and got is None:

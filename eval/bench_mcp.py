@@ -1,0 +1,316 @@
+"""The MCP mode of eval/bench.py (`--mcp`): the server timed as a user feels it, through the SDK's own stdio client.
+
+Launches `mcp_server.py` the way Claude Code does and reports launch -> initialize, launch -> first answer (and when
+semantic results join), search p50/p95 over 30 queries, and edit -> searchable for an in-place write, an atomic save
+(temp file + rename), a new file in a new folder, a rename and a deletion. With --busy, everything again beside a
+process spinning one core (bounded in time, killed at the end). Works on a copy of the vault in --out-dir, indexed
+there with ingest.py (or seeded from an index already built, --data-dir); the user's notes and index are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from bench import QUERIES, REPO_ROOT, Metric, _p95, _say, prepare_vault
+
+from kb_config import KBError, load_config
+
+# Server launches timed to initialize and the first answer (the last session then runs the searches and edits).
+DEFAULT_STARTS = 3
+# Searches timed in the warm session.
+SEARCHES = 30
+# The first question after launch: a word most vaults (and the synthetic one) contain.
+FIRST_QUERY = "backup"
+# Longest wait for one reply, and for the model to load (semantic results joining) after a launch.
+CALL_TIMEOUT_S = 120.0
+SEMANTIC_WAIT_S = 180.0
+# Pause between searches while waiting for semantic results or for an edit to show.
+POLL_S = 0.02
+# An edit not found this long after it was saved counts as not found.
+EDIT_TIMEOUT_S = 10.0
+# The competing process with --busy: one core spinning, killed at the end, and never alive past this.
+BUSY_MAX_S = 1800
+# The edit kinds, in the order run (each on its own uniquely worded text).
+EDIT_KINDS = ("in_place", "atomic_save", "new_folder", "rename", "delete")
+# ingest.py run to bring the vault copy's index up to date before the timings.
+INGEST_TIMEOUT_S = 7200
+
+
+def _server_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("KB_")}  # only the bench's config counts
+
+
+def write_config(out_dir: Path, vault: Path, mode: str) -> Path:
+    """The server's config file: the vault copy, an index folder in out_dir, the search mode to time."""
+    config = out_dir / "server.yaml"
+    settings = {
+        "kb_dir": str(vault),
+        "data_dir": str(out_dir / "data"),
+        "search": {"mode": mode},
+        "server": {"log_level": "INFO"},
+    }
+    config.write_text(json.dumps(settings), encoding="utf-8")  # JSON is YAML
+    return config
+
+
+def seed_index(src_vault: Path, data_dir: Path, config: Path) -> bool:
+    """Copy the index of `src_vault` built in `data_dir` to where the server looks for the copy's; False if none."""
+    src = load_config(None, env={"KB_DIR": str(src_vault), "KB_DATA_DIR": str(data_dir)}).index_dir
+    dest = load_config(config, env={}).index_dir
+    if not src.is_dir():
+        return False
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest)
+    return True
+
+
+def run_ingest(config: Path, log: Path) -> None:
+    """`ingest.py --config`: the copy's index, current with its notes, as a user's would be."""
+    with log.open("ab") as err:
+        proc = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "ingest.py"), "--config", str(config), "-q"],
+            cwd=REPO_ROOT,
+            env=_server_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=INGEST_TIMEOUT_S,
+        )
+    if proc.returncode != 0:
+        raise KBError(f"ingest.py failed (code {proc.returncode}) on the vault copy; see {log}")
+
+
+class Busy:
+    """A process spinning one core for the duration of a `with` block (and never longer than BUSY_MAX_S)."""
+
+    def __enter__(self) -> Busy:
+        code = f"import time\nend = time.monotonic() + {BUSY_MAX_S}\nwhile time.monotonic() < end:\n    pass\n"
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def launch(config: Path, errlog: Any) -> AsyncIterator[tuple[Any, float, float]]:
+    """Start the server with the SDK's stdio client; yields (session, launch time, seconds to the initialize reply)."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[str(REPO_ROOT / "mcp_server.py"), "--config", str(config)],
+        cwd=str(REPO_ROOT),
+        env=_server_env(),
+    )
+    t0 = time.perf_counter()
+    async with stdio_client(params, errlog=errlog) as (read, write):
+        async with ClientSession(read, write) as session:
+            with anyio.fail_after(CALL_TIMEOUT_S):
+                await session.initialize()
+            yield session, t0, time.perf_counter() - t0
+
+
+async def search(session: Any, query: str, mode: str | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
+    with anyio.fail_after(CALL_TIMEOUT_S):
+        result = await session.call_tool("search_my_knowledge_base", args)
+    if result.is_error:
+        raise KBError(f"the server's search failed: {result.content[0].text}")
+    return result.structured_content or {}
+
+
+async def wait_semantic(session: Any, mode: str) -> bool:
+    """Search until answers are no longer keyword-only (the model loaded); False if that never happened in time."""
+    if mode == "keyword":
+        return True
+    deadline = time.monotonic() + SEMANTIC_WAIT_S
+    while time.monotonic() < deadline:
+        if (await search(session, FIRST_QUERY))["mode"] != "keyword":
+            return True
+        await anyio.sleep(POLL_S * 5)
+    return False
+
+
+async def bench_starts(config: Path, errlog: Any, starts: int, mode: str) -> dict[str, Any]:
+    res: dict[str, Any] = {"init": [], "first": [], "first_mode": [], "semantic": []}
+    for i in range(starts):
+        async with launch(config, errlog) as (session, t0, init_s):
+            res["init"].append(init_s)
+            first = await search(session, FIRST_QUERY)
+            res["first"].append(time.perf_counter() - t0)
+            res["first_mode"].append(first["mode"])
+            joined = await wait_semantic(session, mode)
+            res["semantic"].append(time.perf_counter() - t0 if joined else None)
+            _say(
+                f"start {i + 1}/{starts}: initialize {init_s * 1000:.0f} ms, first answer ({first['mode']}) "
+                f"{res['first'][-1] * 1000:.0f} ms after launch, semantic results from "
+                + (f"{res['semantic'][-1]:.1f} s" if joined else "never (timed out)")
+            )
+    return res
+
+
+def _notes(vault: Path) -> list[Path]:
+    return sorted(p for p in vault.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(vault).parts))
+
+
+async def bench_edits(session: Any, vault: Path, mode: str, tag: str) -> dict[str, tuple[float | None, int]]:
+    """Each edit kind: seconds from the saved change to the first reply that shows it, and the searches it took."""
+    notes = _notes(vault)
+    if len(notes) < 2:
+        raise KBError(f"the vault {vault} needs at least 2 notes for the edit timings")
+    rel = lambda p: p.relative_to(vault).as_posix()  # noqa: E731
+    new_dir = vault / f"bench-{tag}" / "sub"
+    moved = new_dir / "renamed.md"
+    words = {kind: f"zyxbench{tag}{kind.replace('_', '')}" for kind in EDIT_KINDS}
+
+    def in_place() -> None:
+        with notes[0].open("a", encoding="utf-8") as f:
+            f.write(f"\n- bench marker {words['in_place']}\n")
+
+    def atomic_save() -> None:
+        tmp = notes[1].with_name(f".{notes[1].name}.bench-tmp")
+        tmp.write_text(notes[1].read_text(encoding="utf-8") + f"\n- bench marker {words['atomic_save']}\n", encoding="utf-8")
+        os.replace(tmp, notes[1])
+
+    def new_folder() -> None:
+        new_dir.mkdir(parents=True)
+        text = f"# Bench note\n\nbench marker {words['new_folder']} {words['rename']} {words['delete']}\n"
+        (new_dir / "new.md").write_text(text, encoding="utf-8")
+
+    def rename() -> None:
+        (new_dir / "new.md").rename(moved)
+
+    def delete() -> None:
+        moved.unlink()
+
+    steps: dict[str, tuple[Callable[[], None], str, Callable[[list[str]], bool]]] = {
+        "in_place": (in_place, words["in_place"], lambda paths: rel(notes[0]) in paths),
+        "atomic_save": (atomic_save, words["atomic_save"], lambda paths: rel(notes[1]) in paths),
+        "new_folder": (new_folder, words["new_folder"], lambda paths: rel(new_dir / "new.md") in paths),
+        "rename": (rename, words["rename"], lambda paths: rel(moved) in paths and rel(new_dir / "new.md") not in paths),
+        "delete": (delete, words["delete"], lambda paths: rel(moved) not in paths),
+    }
+    out: dict[str, tuple[float | None, int]] = {}
+    for kind in EDIT_KINDS:
+        change, query, shown = steps[kind]
+        await anyio.sleep(0.2)  # the previous step's events are long delivered: each step starts from rest
+        change()
+        t0 = time.perf_counter()
+        tries, found = 0, None
+        while time.perf_counter() - t0 < EDIT_TIMEOUT_S:
+            tries += 1
+            data = await search(session, query, mode)
+            if shown([h["path"] for h in data.get("hits", [])]):
+                found = time.perf_counter() - t0
+                break
+            await anyio.sleep(POLL_S)
+        out[kind] = (found, tries)
+        _say(f"edit {kind}: " + (f"{found * 1000:.0f} ms, search #{tries}" if found is not None else "NOT FOUND"))
+    return out
+
+
+async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: str) -> dict[str, Any]:
+    """One warm session: search latency over SEARCHES queries, then the edits, then the server's own counters."""
+    async with launch(config, errlog) as (session, _t0, _init):
+        await wait_semantic(session, mode)
+        for q in QUERIES[:3]:
+            await search(session, q, mode)  # warm-up: jieba and the model's first calls
+        times = []
+        for q in (QUERIES * 2)[:SEARCHES]:
+            t = time.perf_counter()
+            await search(session, q, mode)
+            times.append(time.perf_counter() - t)
+        edits = await bench_edits(session, vault, mode, tag)
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            status = (await session.call_tool("index_status", {})).structured_content or {}
+    return {"times": times, "edits": edits, "status": status}
+
+
+def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
+    """Every MCP phase, quiet and (with --busy) beside a spinning core; returns {"env", "metrics"} like bench.py."""
+    vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
+    _say(f"vault: {vault} ({source})")
+    mode = args.mode
+    config = write_config(out_dir, vault, mode)
+    log = out_dir / "server.log"
+    log.unlink(missing_ok=True)
+    if args.data_dir is not None and args.kb_dir is not None:
+        seeded = seed_index(args.kb_dir.expanduser().resolve(), args.data_dir.expanduser().resolve(), config)
+        _say("index seeded from " + str(args.data_dir) if seeded else f"no index of {args.kb_dir} in {args.data_dir}")
+    _say("bringing the copy's index up to date with ingest.py")
+    t = time.perf_counter()
+    run_ingest(config, log)
+    _say(f"ingest.py: {time.perf_counter() - t:.1f} s")
+    cfg = load_config(config, env={})
+    starts = args.repeat or DEFAULT_STARTS
+    metrics: list[Metric] = []
+    label = f"{cfg.embed_model} (server, mode {mode})"
+    conditions = [("", None)] + ([("_busy", Busy)] if args.busy else [])
+    with log.open("a", encoding="utf-8") as errlog:
+        for suffix, competitor in conditions:
+            where = "beside a process spinning one core" if competitor else "quiet"
+            _say(f"--- {where}: {starts} launches, then {SEARCHES} searches and {len(EDIT_KINDS)} edits")
+            with competitor() if competitor else contextlib.nullcontext():
+                st = anyio.run(bench_starts, config, errlog, starts, mode)
+                se = anyio.run(bench_session, config, errlog, vault, mode, suffix.strip("_") or "quiet")
+
+            def add(key: str, value: Any, unit: str, note: str = "", suffix: str = suffix, where: str = where) -> None:
+                metrics.append(Metric(f"mcp_{key}{suffix}", value, unit, label, f"{note}; {where}".lstrip("; ")))
+
+            add("initialize_ms", statistics.median(st["init"]) * 1000, "ms", f"launch -> initialize reply, median of {starts}")
+            add(
+                "first_answer_ms",
+                statistics.median(st["first"]) * 1000,
+                "ms",
+                f"launch -> first search reply, median of {starts}",
+            )
+            add("first_answer_mode", st["first_mode"][-1], "mode", "mode of the last launch's first answer")
+            joined = [s for s in st["semantic"] if s is not None]
+            if mode != "keyword":
+                add(
+                    "semantic_joins_ms",
+                    statistics.median(joined) * 1000 if joined else None,
+                    "ms",
+                    f"launch -> first answer with semantic results, median of {len(joined)}",
+                )
+            add("search_p50_ms", statistics.median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
+            add("search_p95_ms", _p95(se["times"]) * 1000, "ms")
+            for kind, (found, tries) in se["edits"].items():
+                add(f"edit_{kind}_ms", None if found is None else found * 1000, "ms", "saved -> the reply that shows it")
+                add(f"edit_{kind}_searches", tries if found is not None else None, "searches", "1 = the very next search")
+            fresh = se["status"].get("freshness", {})
+            add("full_walks_before_search", fresh.get("full_walks_before_search"), "walks", "in the warm session")
+    status = se["status"]
+    env = {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": sys.version.split()[0],
+        "vault": source,
+        "out_dir": str(out_dir),
+        "notes": status.get("notes"),
+        "chunks": status.get("chunks"),
+        "embedder": cfg.embed_model,
+        "fake_embedder": False,
+        "mode": mode,
+        "starts": starts,
+        "busy": bool(args.busy),
+        "change_detection": status.get("change_detection"),
+    }
+    return {
+        "env": env,
+        "metrics": {m.key: {"value": m.value, "unit": m.unit, "embedder": m.embedder, "note": m.note} for m in metrics},
+    }

@@ -1,0 +1,246 @@
+"""The server's freshness and start-up, in process: file events name what changed, so a search re-checks only those
+notes (no walk of the vault), with the walk as fallback and audit; a keyword answer comes before the model loads.
+
+Real files, real watchdog (inotify here), real engine and jieba; the small hash embedder instead of a model. A test
+waits for the event to reach the server before it searches (event delivery is asynchronous; how late it may be is
+measured by eval/bench.py --mcp), then asserts what the search did through the server's counters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kb_fixtures import make_config
+
+import kb_watch
+import mcp_server
+from kb_vectors import HashEmbedder
+
+WAIT_S = 30.0
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _start(kb: mcp_server.KnowledgeBase) -> mcp_server.KnowledgeBase:
+    kb.start()
+    assert kb.startup_done.wait(WAIT_S), "start-up did not finish"
+    return kb
+
+
+@pytest.fixture
+def kb(small_vault: Path, tmp_path: Path) -> Iterator[mcp_server.KnowledgeBase]:
+    kb = _start(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=HashEmbedder()))
+    yield kb
+    kb.shutdown()
+
+
+def _hits(kb: mcp_server.KnowledgeBase, query: str) -> list[str]:
+    return [h["path"] for h in kb.search(query, mode="keyword")[1]["hits"]]
+
+
+def _after_event(kb: mcp_server.KnowledgeBase, change: Callable[[], None]) -> None:
+    """Make a change and wait until its file event reached the server (it delivers asynchronously)."""
+    seen = kb.changes.events
+    change()
+    assert _until(lambda: kb.changes.events > seen), "no file event arrived"
+
+
+def _edit_in_place(vault: Path) -> tuple[str, str]:
+    with (vault / "inbox.md").open("a", encoding="utf-8") as f:
+        f.write("- the okapi feeding schedule moved to Thursday\n")
+    return "okapi feeding schedule", "inbox.md"
+
+
+def _atomic_save(vault: Path) -> tuple[str, str]:
+    note = vault / "projects" / "alpha.md"
+    tmp = note.with_name(".alpha.md.tmp")
+    tmp.write_text(note.read_text(encoding="utf-8") + "\nThe pangolin audit is due in May.\n", encoding="utf-8")
+    os.replace(tmp, note)  # how many editors save
+    return "pangolin audit", "projects/alpha.md"
+
+
+def _new_file_in_new_folder(vault: Path) -> tuple[str, str]:
+    folder = vault / "areas" / "garden"
+    folder.mkdir(parents=True)
+    (folder / "tomatoes.md").write_text("# Tomatoes\n\nThe quetzal variety needs staking.\n", encoding="utf-8")
+    return "quetzal variety staking", "areas/garden/tomatoes.md"
+
+
+def _rename(vault: Path) -> tuple[str, str]:
+    (vault / "projects" / "alpha.md").rename(vault / "projects" / "ledger.md")
+    return "PostgreSQL ledger", "projects/ledger.md"
+
+
+def _rename_folder(vault: Path) -> tuple[str, str]:
+    (vault / "projects").rename(vault / "archive")
+    return "PostgreSQL ledger", "archive/alpha.md"
+
+
+@pytest.mark.parametrize(
+    "change", [_edit_in_place, _atomic_save, _new_file_in_new_folder, _rename, _rename_folder], ids=lambda f: f.__name__[1:]
+)
+def test_search_finds_change_from_file_events_without_walking_the_vault(kb, small_vault, change):
+    walks = kb.counts["full_walks_before_search"]
+    result: dict[str, tuple[str, str]] = {}
+    _after_event(kb, lambda: result.setdefault("r", change(small_vault)))
+    query, path = result["r"]
+    hits = _hits(kb, query)
+    assert hits[:1] == [path]
+    assert "projects/alpha.md" not in hits or path == "projects/alpha.md"  # a renamed note left its old path
+    assert kb.counts["full_walks_before_search"] == walks == 0
+    assert kb.counts["event_syncs"] >= 1
+
+
+def test_search_forgets_deleted_note_and_folder_without_walking_the_vault(kb, small_vault):
+    assert _hits(kb, "PostgreSQL ledger") == ["projects/alpha.md"]
+    _after_event(kb, lambda: (small_vault / "projects" / "alpha.md").unlink())
+    assert _hits(kb, "PostgreSQL ledger") == []
+    assert _hits(kb, "周末长距离跑") == ["笔记.md"]
+    (small_vault / "sub").mkdir()
+    shutil.move(str(small_vault / "笔记.md"), str(small_vault / "sub" / "笔记.md"))
+    assert _until(lambda: _hits(kb, "周末长距离跑") == ["sub/笔记.md"])
+    outside = small_vault.parent / "trash"
+    _after_event(kb, lambda: shutil.move(str(small_vault / "sub"), str(outside)))  # a folder moved out of the vault
+    assert _hits(kb, "周末长距离跑") == []
+    assert "sub/笔记.md" not in kb.engine.files
+    assert kb.counts["full_walks_before_search"] == 0
+
+
+def test_search_without_changes_only_checks_whether_another_process_committed(kb):
+    before = dict(kb.counts)
+    for _ in range(3):
+        _hits(kb, "PostgreSQL")
+    assert kb.counts["state_checks"] == before["state_checks"] + 3
+    assert kb.counts["event_syncs"] == before["event_syncs"]
+    assert kb.counts["full_walks_before_search"] == 0
+
+
+def test_start_up_finds_edits_made_while_no_server_ran(small_vault, tmp_path, make_engine):
+    engine = make_engine(small_vault, HashEmbedder(), data_dir=tmp_path / "data")
+    engine.sync_all()
+    engine.save_view()
+    (small_vault / "offline.md").write_text("# Offline\n\nThe narwhal census was written offline.\n", encoding="utf-8")
+    (small_vault / "inbox.md").unlink()
+    kb = _start(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=HashEmbedder()))
+    try:
+        assert _hits(kb, "narwhal census") == ["offline.md"]
+        assert "inbox.md" not in kb.engine.files
+    finally:
+        kb.shutdown()
+
+
+def test_search_walks_the_vault_when_file_events_are_unavailable(small_vault, tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(24, "inotify instance limit reached")
+
+    monkeypatch.setattr(kb_watch, "start_observer", refuse)
+    kb = _start(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=HashEmbedder()))
+    try:
+        (small_vault / "late.md").write_text("# Late\n\nThe ibis migration started.\n", encoding="utf-8")
+        assert _hits(kb, "ibis migration") == ["late.md"]
+        assert kb.counts["full_walks_before_search"] == 1
+        assert "inotify instance limit" in kb.status()[1]["change_detection"]
+    finally:
+        kb.shutdown()
+
+
+def test_search_walks_the_vault_after_events_were_lost(kb, small_vault):
+    kb.changes.mark_full("the operating system dropped file events (inotify queue overflow)")
+    assert _hits(kb, "PostgreSQL ledger") == ["projects/alpha.md"]
+    assert kb.counts["full_walks_before_search"] == 1
+    _hits(kb, "PostgreSQL ledger")
+    assert kb.counts["full_walks_before_search"] == 1  # back to events
+
+
+def _lose_events(kb: mcp_server.KnowledgeBase) -> None:
+    """Stop the server's observer: changes from here on come with no event (as past the inotify watch limit)."""
+    kb._observer.stop()
+    kb._observer.join(WAIT_S)
+
+
+def test_search_starts_background_audit_walk_that_finds_missed_change(kb, small_vault, monkeypatch):
+    monkeypatch.setattr(mcp_server, "SAFETY_WALK_S", 0.0)
+    _lose_events(kb)
+    background = kb.counts["full_walks_in_background"]
+    (small_vault / "marmot.md").write_text("# Marmot\n\nThe marmot count is 7.\n", encoding="utf-8")
+    _hits(kb, "anything")  # no event: this search cannot know; it starts the audit, which nobody waits for
+    assert _until(lambda: kb.counts["full_walks_in_background"] > background), "no audit walk ran"
+    assert _until(lambda: "marmot.md" in kb.engine.files)
+    assert kb.counts["changes_missed_by_events"] == 1 and kb.counts["full_walks_before_search"] == 0
+
+
+def test_repeated_missed_changes_switch_searches_to_walking_the_vault(kb, small_vault):
+    _lose_events(kb)
+    for word in ("marmot", "wombat"):
+        (small_vault / f"{word}.md").write_text(f"# {word}\n\nThe {word} count is 7.\n", encoding="utf-8")
+        assert kb._audit_running.acquire(timeout=WAIT_S)
+        kb._audit()  # as the background audit runs it (and releases the flag)
+    assert kb.counts["changes_missed_by_events"] == 2
+    assert "audit walks" in kb.status()[1]["change_detection"]
+    (small_vault / "heron.md").write_text("# heron\n\nThe heron count is 3.\n", encoding="utf-8")
+    walks = kb.counts["full_walks_before_search"]
+    assert _hits(kb, "heron count")[:1] == ["heron.md"]
+    assert kb.counts["full_walks_before_search"] == walks + 1
+
+
+class _SlowModel(HashEmbedder):
+    """A model whose load blocks until released: what a search sees while a real model loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def load(self) -> None:
+        assert self.release.wait(WAIT_S)
+
+    def embed_documents(self, texts):
+        self.load()  # a real model loads before its first embedding
+        return super().embed_documents(texts)
+
+
+def test_first_search_answers_with_keywords_while_the_model_loads(small_vault, tmp_path):
+    model = _SlowModel()
+    kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)
+    kb.start()
+    try:
+        text, data = kb.search("PostgreSQL ledger")
+        assert data["mode"] == "keyword" and mcp_server.SEMANTIC_LOADING_NOTE in text
+        assert [h["path"] for h in data["hits"]][:1] == ["projects/alpha.md"]
+        assert kb.status()[1]["model_loading"] is True
+        model.release.set()
+        assert kb._model_ready.wait(WAIT_S)
+        text, data = kb.search("PostgreSQL ledger")
+        assert data["mode"] == "hybrid" and mcp_server.SEMANTIC_LOADING_NOTE not in text
+    finally:
+        model.release.set()
+        kb.shutdown()
+
+
+def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(small_vault, tmp_path):
+    model = _SlowModel()
+    kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)
+    kb.start()
+    try:
+        _hits(kb, "warm up")  # the keyword view is ready; the model is not
+        _after_event(kb, lambda: (small_vault / "early.md").write_text("# Early\n\nThe kiwi harvest.\n", encoding="utf-8"))
+        assert _hits(kb, "kiwi harvest") == ["early.md"]  # committed without vectors: nothing waited for the model
+        assert model.embedded == 0
+        model.release.set()
+        assert kb.startup_done.wait(WAIT_S)
+        assert kb.engine.pending_vectors == 0 and model.embedded > 0  # embedded once the model loaded
+    finally:
+        model.release.set()
+        kb.shutdown()
