@@ -444,7 +444,25 @@ class KnowledgeBase:
             )
         return text, asdict(result)
 
-    def read_note(self, path: str, heading: str | None, start_line: int) -> tuple[str, dict]:
+    def _expand_embeds(self, norm: str) -> str:
+        """The note with its ![[embeds]] replaced by the embedded notes or sections (depth-limited, cycle-safe)."""
+        from kb_links import expand_embeds
+        from kb_scan import read_note_bytes, resolve_inside
+        from kb_state import decode_note
+
+        self.ensure_fresh()
+        resolver = self.engine.view.link_graph().resolver
+
+        def read(rel: str) -> str | None:
+            try:
+                full, _ = resolve_inside(self.cfg, rel)
+                return decode_note(read_note_bytes(full, self.cfg.max_file_bytes))[0]
+            except (KBError, OSError, ValueError):
+                return None
+
+        return expand_embeds(norm, read, resolver)
+
+    def read_note(self, path: str, heading: str | None, start_line: int, expand: bool = False) -> tuple[str, dict]:
         from kb_scan import read_note_bytes, resolve_inside
         from kb_state import decode_note
         from kb_text import split_lines
@@ -456,6 +474,9 @@ class KnowledgeBase:
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise KBError(f"cannot read '{norm}': {reason}; check the note with index_status (skipped files)") from e
+        expanded = ""
+        if expand:
+            text, expanded = self._expand_embeds(norm), " (embeds expanded: line numbers count the expanded text)"
         lines = split_lines(text)  # as chunk line numbers count them, so cited lines match (CR-only notes too)
         if len(lines) > 1 and lines[-1] == "":
             lines.pop()  # the final newline ends the last line; it does not start an empty one
@@ -470,7 +491,7 @@ class KnowledgeBase:
         first = max(first, start_line)
         # Room for the header (its longest form, numbers at their widest) and one cut-line notice.
         widest = len(str(len(lines) + 1))
-        header_room = len(norm) + len(repeat_note) + 260 + 4 * widest
+        header_room = len(norm) + len(repeat_note) + len(expanded) + 260 + 4 * widest
         budget = max(200, self.cfg.max_response_chars - header_room)
         out: list[str] = []
         used = 0
@@ -489,7 +510,7 @@ class KnowledgeBase:
             if cut_line:
                 break
         body = "\n".join(out)
-        header = f"{norm} lines {first}-{end} of {len(lines)}{repeat_note}"
+        header = f"{norm} lines {first}-{end} of {len(lines)}{repeat_note}{expanded}"
         if cut_line:
             n, shown, total = cut_line
             header += (
@@ -510,39 +531,103 @@ class KnowledgeBase:
             "text": body,
         }
 
-    def list_notes(self, path_prefix: str | None, modified_within_days: float | None) -> tuple[str, dict]:
+    def list_notes(
+        self,
+        path_prefix: str | None,
+        modified_within_days: float | None,
+        where: dict[str, Any] | None = None,
+        date_from: str | None = None,
+        date_to: str | None = None,
+        sort: str = "modified",
+    ) -> tuple[str, dict]:
+        from kb_graph import check_date, check_where, matches_where, note_day, note_time
         from kb_scan import modified_cutoff, normalize_prefix, under_prefix
 
         since = modified_cutoff(modified_within_days)
+        first, last = check_date("date_from", date_from), check_date("date_to", date_to)
         self.ensure_fresh()
         engine = self.engine
         prefix = normalize_prefix(path_prefix)
         with engine.mutex:
+            props = check_where(where, engine.files)
             rows = [
                 (p, r)
                 for p, r in engine.files.items()
-                if under_prefix(p, prefix) and (since is None or r.mtime_ns / 1e9 >= since)
+                if under_prefix(p, prefix)
+                and (since is None or note_time(r) >= since)
+                and (props is None or matches_where(r, props))
+                and (first is None or note_day(r) >= first)
+                and (last is None or note_day(r) <= last)
             ]
-        rows.sort(key=lambda x: -x[1].mtime_ns)
+        if sort == "date":
+            rows.sort(key=lambda x: (note_day(x[1]), x[1].mtime_ns), reverse=True)
+        else:
+            rows.sort(key=lambda x: -x[1].mtime_ns)
         head = (
             f"{len(rows)} notes"
             + (f" under '{prefix}/'" if prefix else "")
             + (f" modified in the last {modified_within_days:g} days" if since is not None else "")
-            + ", newest first"
+            + (f" matching {where}" if props else "")
+            + (f" dated {first or '…'} to {last or '…'}" if first or last else "")
+            + (", newest note date first" if sort == "date" else ", newest first")
         )
         room = self.cfg.max_response_chars - len(head) - 200  # 200: the "showing N" remark
         lines, items, used = [], [], 0
         for p, r in rows:
             stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.mtime_ns / 1e9))
-            line = f"{p} | {r.title[:TITLE_CHARS]} | {stamp}" + (f" | skipped: {r.skipped}" if r.skipped else "")
+            line = (
+                f"{p} | {r.title[:TITLE_CHARS]} | {stamp}"
+                + (f" | date {r.date}" if r.date else "")
+                + (f" | skipped: {r.skipped}" if r.skipped else "")
+            )
             if used + len(line) + 1 > room:
                 break
             lines.append(line)
-            items.append({"path": p, "title": r.title, "modified": stamp, "tags": list(r.tags)})
+            items.append({"path": p, "title": r.title, "modified": stamp, "date": r.date or None, "tags": list(r.tags)})
             used += len(line) + 1
         if len(items) < len(rows):
-            head += f"; showing {len(items)} (narrow with path_prefix or modified_within_days for the rest)"
+            head += f"; showing {len(items)} (narrow with path_prefix, where or dates for the rest)"
         return head + ":\n" + "\n".join(lines), {"total": len(rows), "notes": items, "truncated": len(items) < len(rows)}
+
+    def related(self, path: str, limit: int) -> tuple[str, dict]:
+        from kb_graph import related_notes
+        from kb_scan import resolve_inside
+
+        _, norm = resolve_inside(self.cfg, path)
+        self.ensure_fresh()
+        rel = related_notes(self.engine, norm, limit)
+        sections = [
+            ("links from this note", [f"{h.path} (line {h.line}: {h.context})" for h in rel.outgoing[:limit]]),
+            ("backlinks (notes linking here)", [f"{h.path}:{h.line} {h.context}" for h in rel.backlinks[:limit]]),
+            ("nearest in meaning", [f"{p} (cosine {c:.2f})" for p, c in rel.nearest]),
+            ("unresolved links", [f"[[{h.path}]] (line {h.line})" for h in rel.unresolved[:limit]]),
+        ]
+        parts = [f"Notes related to {norm}; open one with read_note", *rel.notes]
+        used = sum(len(x) + 1 for x in parts)
+        cut = False
+        for title, rows in sections:
+            if not rows:
+                continue
+            block = [f"\n{title} ({len(rows)}):"]
+            for row in rows:
+                if used + len(row) + 3 > self.cfg.max_response_chars - 200:
+                    cut = True
+                    break
+                block.append(f"- {row}")
+                used += len(row) + 3
+            parts.extend(block)
+        if cut:
+            parts.append("\n(cut to fit the response budget; lower limit for a shorter list)")
+        data = {
+            "path": norm,
+            "outgoing": [asdict(h) for h in rel.outgoing[:limit]],
+            "backlinks": [asdict(h) for h in rel.backlinks[:limit]],
+            "nearest": [{"path": p, "cosine": round(c, 4)} for p, c in rel.nearest],
+            "unresolved": [asdict(h) for h in rel.unresolved[:limit]],
+            "notes": rel.notes,
+            "truncated": cut,
+        }
+        return "\n".join(parts), data
 
     def status(self) -> tuple[str, dict]:
         self.ensure_fresh()
@@ -715,6 +800,12 @@ def build_server(kb: KnowledgeBase) -> Any:
         return CallToolResult(content=[TextContent(type="text", text=fit(text, budget))], structured_content=data)
 
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    where_field = Field(
+        description='Only notes whose properties (frontmatter, Logseq key:: value) match, e.g. {"status": "active", '
+        '"project": "Kestrel"}: exact on single values, membership on lists, case-insensitive'
+    )
+    date_from_field = Field(description="Only notes dated on or after this day (journal date, else last change), 2026-03-02")
+    date_to_field = Field(description="Only notes dated on or before this day, e.g. 2026-03-08")
     days = Field(
         description=f"Only notes changed in the last N days (above 0, at most {MAX_MODIFIED_WITHIN_DAYS}), e.g. 7",
         gt=0,
@@ -760,18 +851,41 @@ def build_server(kb: KnowledgeBase) -> Any:
         path: Annotated[str, Field(description="Note path relative to the vault, as returned by search")],
         heading: Annotated[str | None, Field(description="Only this section, e.g. 'Decisions'")] = None,
         start_line: Annotated[int, Field(description="Start at this line (to continue a cut read)", ge=1)] = 1,
+        expand_embeds: Annotated[
+            bool,
+            Field(description="Replace ![[Note]] / ![[Note#Section]] embeds with the embedded text (3 levels, cycle-safe)"),
+        ] = False,
     ) -> CallToolResult:
         """Read a note, or one section of it, with line numbers in the header. Long notes are cut to a size budget;
         the reply says which start_line continues."""
-        return run(kb.read_note, path, heading, start_line)
+        return run(kb.read_note, path, heading, start_line, expand_embeds)
 
     @server.tool(annotations=read_only)
     def list_notes(
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'daily/'")] = None,
         modified_within_days: Annotated[float | None, days] = None,
+        where: Annotated[dict[str, Any] | None, where_field] = None,
+        date_from: Annotated[str | None, date_from_field] = None,
+        date_to: Annotated[str | None, date_to_field] = None,
+        sort: Annotated[
+            str,
+            Field(
+                description="modified (last change, default) or date (a journal's own date first)", pattern="^(modified|date)$"
+            ),
+        ] = "modified",
     ) -> CallToolResult:
-        """List notes (path | title | last modified), newest first, e.g. to see recent daily notes."""
-        return run(kb.list_notes, path_prefix, modified_within_days)
+        """List notes (path | title | last modified | date), newest first, e.g. to see recent daily notes or every
+        note of a project; filter by folder, properties (where) and dates."""
+        return run(kb.list_notes, path_prefix, modified_within_days, where, date_from, date_to, sort)
+
+    @server.tool(annotations=read_only)
+    def related_notes(
+        path: Annotated[str, Field(description="Note path relative to the vault, as returned by search")],
+        limit: Annotated[int, Field(description="Entries per list (links, backlinks, nearest)", ge=1, le=50)] = 10,
+    ) -> CallToolResult:
+        """Walk the user's own note graph from one note: the notes it links to and the notes linking to it, each with
+        the line that links (the context), its unresolved links, and the notes nearest in meaning."""
+        return run(kb.related, path, limit)
 
     @server.tool(annotations=read_only)
     def index_status() -> CallToolResult:

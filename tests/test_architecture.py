@@ -43,6 +43,7 @@ ALLOWED = {
         "kb_view",
         "kb_links",
     },
+    "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
     "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine"},
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
@@ -58,7 +59,7 @@ ALLOWED = {
         "kb_write",
         "kb_watch",
         "kb_links",
-        "kb_related",
+        "kb_graph",
     },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
@@ -82,6 +83,7 @@ SERVER_SIDE = [
     "bm25_index",
     "ingest",
     "kb_search",
+    "kb_graph",
     "kb_write",
 ]
 
@@ -172,7 +174,7 @@ def test_every_tool_and_tool_argument_is_documented(small_vault, tmp_path):
 
     server = mcp_server.build_server(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data")))
     tools = anyio.run(server.list_tools)
-    assert len(tools) == 5
+    assert len(tools) == 6
     for tool in tools:
         assert f"`{tool.name}`" in README
         row = next(line for line in README.splitlines() if line.startswith(f"| `{tool.name}`"))

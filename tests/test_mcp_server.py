@@ -36,7 +36,7 @@ START_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 60.0
 SNIPPET_CHARS = 160
 MAX_RESPONSE_CHARS = 4000
-TOOL_NAMES = {"search_my_knowledge_base", "update_knowledge_base", "read_note", "list_notes", "index_status"}
+TOOL_NAMES = {"search_my_knowledge_base", "update_knowledge_base", "read_note", "list_notes", "index_status", "related_notes"}
 HIT_KEYS = {"path", "heading_path", "line_start", "line_end", "snippet", "score", "keyword_rank", "cosine"}
 
 
@@ -198,7 +198,7 @@ def _until(predicate: Any, timeout_s: float = CALL_TIMEOUT_S) -> bool:
 # ---- tools and schemas --------------------------------------------------------------------------------------------
 
 
-def test_server_lists_exactly_the_five_tools_with_schemas(shared):
+def test_server_lists_exactly_the_six_tools_with_schemas(shared):
     tools = {t.name: t for t in shared.list_tools().tools}
     assert set(tools) == TOOL_NAMES
     for tool in tools.values():
