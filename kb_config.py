@@ -40,6 +40,7 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_SYNC_CHECK_INTERVAL  sync.check_interval
 #   KB_SERVER_NAME          server.name
 #   KB_LOG_LEVEL            server.log_level
+#   KB_SERVER_TOKEN         server.token
 #   KB_WRITABLE             write.writable (comma-separated)
 #   KB_VECTOR_STORE         vector_store.mode
 #   KB_CHROMA_HOST          vector_store.host
@@ -134,7 +135,7 @@ FIELDS: tuple[_Field, ...] = (
     _Field("max_file_bytes", "max_file_bytes", int, 2_000_000, None, _range(1)),
     _Field("chunking.chunk_tokens", "chunk_tokens", int, 200, "KB_CHUNK_TOKENS", _range(32, 2000)),
     _Field("chunking.overlap_tokens", "overlap_tokens", int, 60, None, _range(0, 500)),
-    _Field("embedding.model", "embed_model", str, "all-MiniLM-L6-v2", "KB_EMBED_MODEL"),
+    _Field("embedding.model", "embed_model", str, "use-multilingual,all-MiniLM-L6-v2", "KB_EMBED_MODEL"),
     _Field("embedding.device", "embed_device", str, "auto", "KB_EMBED_DEVICE"),
     _Field("embedding.batch_size", "embed_batch_size", int, 32, "KB_EMBED_BATCH_SIZE", _range(1, 4096)),
     _Field("bm25.index_file", "bm25_index_file", str, "", "KB_BM25_INDEX_FILE"),
@@ -154,6 +155,8 @@ FIELDS: tuple[_Field, ...] = (
     _Field("sync.lock_timeout", "lock_timeout_s", float, 30.0, None, _range(0.0, 3600.0)),
     _Field("server.name", "server_name", str, "second-brain", "KB_SERVER_NAME"),
     _Field("server.log_level", "log_level", str, "INFO", "KB_LOG_LEVEL", _one_of(LOG_LEVELS)),
+    _Field("server.token", "server_token", str, "", "KB_SERVER_TOKEN"),
+    _Field("server.allowed_hosts", "allowed_hosts", list, [], None, _str_list),
     _Field("write.writable", "writable", list, ["inbox.md"], "KB_WRITABLE", _str_list),
     _Field("write.creatable", "creatable", list, [], None, _str_list),
     _Field("write.max_append_chars", "max_append_chars", int, 20_000, None, _range(1, 1_000_000)),
@@ -182,7 +185,7 @@ class Config:
     max_file_bytes: int = 2_000_000
     chunk_tokens: int = 200
     overlap_tokens: int = 60
-    embed_model: str = "all-MiniLM-L6-v2"
+    embed_model: str = "use-multilingual,all-MiniLM-L6-v2"  # both bundled: multilingual USE beside English MiniLM
     embed_device: str = "auto"
     embed_batch_size: int = 32
     metadata_weight: int = 1
@@ -201,6 +204,8 @@ class Config:
     lock_timeout_s: float = 30.0
     server_name: str = "second-brain"
     log_level: str = "INFO"
+    server_token: str = field(default="", repr=False)  # bearer token for --transport http; never printed or logged
+    allowed_hosts: tuple[str, ...] = ()
     writable: tuple[str, ...] = ("inbox.md",)
     creatable: tuple[str, ...] = ()
     max_append_chars: int = 20_000

@@ -910,6 +910,27 @@ def serve(cfg: Config) -> int:
     os._exit(0)  # daemon threads (model loading, file events) must not keep a client-less server alive
 
 
+def serve_http_transport(cfg: Config, host: str, port: int) -> int:
+    """Serve MCP over streamable HTTP (several sessions, one index) until interrupted; refuses without a token."""
+    from kb_http import check_bind, configured_token, serve_http
+
+    try:
+        found = configured_token(cfg)
+        check_bind(host, found[0] if found else None)
+    except KBError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    kb = KnowledgeBase(cfg)
+    server = build_server(kb)
+    kb.start()  # index and model load now, not at the first session
+    try:
+        serve_http(server, cfg, host, port)
+    except KeyboardInterrupt:
+        pass
+    kb.shutdown()
+    return 0
+
+
 # ---- the --search self-test ------------------------------------------------------------------------------------
 
 
@@ -955,11 +976,13 @@ def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="mcp_server.py",
-        description="second-brain-mcp: serve your Markdown notes to MCP clients over stdio (default), or run one search "
-        "as a self-test with --search.",
+        description="second-brain-mcp: serve your Markdown notes to MCP clients over stdio (default) or streamable "
+        "HTTP with a bearer token, or run one search as a self-test with --search.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python mcp_server.py                          # stdio server (for claude mcp add)\n"
-        '  python mcp_server.py --search "backup timer"  # self-test: sync + search, hits on stdout',
+        '  python mcp_server.py --search "backup timer"  # self-test: sync + search, hits on stdout\n'
+        "  python mcp_server.py --print-token             # create the token HTTP clients send\n"
+        "  python mcp_server.py --transport http --port 8765   # http://127.0.0.1:8765/mcp",
     )
     add_common_args(parser)
     parser.add_argument("--search", metavar="QUERY", help="run one search (same sync + search as the tool) and exit")
@@ -969,6 +992,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--path-prefix", help="only notes under this folder, for --search")
     parser.add_argument("--json", action="store_true", help="print --search results as JSON")
+    parser.add_argument(
+        "--transport", choices=("stdio", "http"), default="stdio", help="stdio (default) or streamable HTTP at /mcp"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address for --transport http (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="port for --transport http (default: 8765)")
+    parser.add_argument(
+        "--print-token", action="store_true", help="print the HTTP bearer token, creating it (mode 0600) on first use"
+    )
     args = parser.parse_args(argv)
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
@@ -978,7 +1009,16 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(args.verbose, args.quiet)
         print(f"error: {e}", file=sys.stderr)
         return 1
-    setup_logging(args.verbose, args.quiet, default="WARNING" if args.search else cfg.log_level)
+    setup_logging(args.verbose, args.quiet, default="WARNING" if args.search or args.print_token else cfg.log_level)
+    if args.print_token:
+        from kb_http import create_token
+
+        token, where = create_token(cfg)
+        print(token)
+        print(f"(stored in {where}; clients send it as 'Authorization: Bearer <token>')", file=sys.stderr)
+        return 0
+    if args.transport == "http" and args.search is None:
+        return serve_http_transport(cfg, args.host, args.port)
     if args.search is None:
         return serve(cfg)
     try:

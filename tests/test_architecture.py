@@ -28,6 +28,7 @@ ALLOWED = {
     "kb_vectors": {"kb_config"},
     "kb_store": {"kb_config", "kb_files"},
     "kb_chroma": {"kb_config"},
+    "kb_http": {"kb_config", "kb_files"},
     "bm25_index": {"kb_config", "kb_files", "kb_text"},
     "kb_view": {"kb_config", "kb_state", "kb_text", "bm25_index", "kb_links"},
     "kb_engine": {
@@ -60,6 +61,7 @@ ALLOWED = {
         "kb_watch",
         "kb_links",
         "kb_graph",
+        "kb_http",
     },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
@@ -84,6 +86,7 @@ SERVER_SIDE = [
     "ingest",
     "kb_search",
     "kb_graph",
+    "kb_http",
     "kb_write",
 ]
 
@@ -156,7 +159,9 @@ def test_every_env_var_is_documented():
     assert not [n for n in names if f"#   {n}" not in comment], "kb_config's comment block lacks an environment variable"
 
 
-@pytest.mark.parametrize("script", ["ingest.py", "mcp_server.py", "watcher.py", "eval/run_eval.py", "eval/bench.py"])
+@pytest.mark.parametrize(
+    "script", ["ingest.py", "mcp_server.py", "watcher.py", "eval/run_eval.py", "eval/bench.py", "eval/bench_store.py"]
+)
 def test_every_cli_flag_is_documented(script):
     out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,0 +1,133 @@
+"""MCP over streamable HTTP (`--transport http`): the SDK's own transport at /mcp behind a bearer token.
+
+Every request needs `Authorization: Bearer <token>` (compared in constant time, never logged); without a token the
+server does not start, and it never binds a non-loopback address without one. The SDK's DNS-rebinding protection
+checks Host and Origin. Imports kb_config and kb_files only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+from kb_config import Config, ConfigError
+from kb_files import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+# Where --print-token stores a generated token (user-only permissions), under data_dir.
+TOKEN_FILE = "server-token"
+# Bytes of randomness in a generated token (URL-safe base64: 43 characters).
+TOKEN_BYTES = 32
+# The path clients connect to.
+MCP_PATH = "/mcp"
+# Host names that only this machine can reach.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def token_path(cfg: Config) -> Path:
+    return cfg.data_dir / TOKEN_FILE
+
+
+def configured_token(cfg: Config) -> tuple[str, str] | None:
+    """(token, where it came from): server.token / KB_SERVER_TOKEN, else the file --print-token wrote; else None."""
+    if cfg.server_token:
+        return cfg.server_token, "server.token"
+    path = token_path(cfg)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(f"cannot read the server token file {path} ({e.strerror}); fix its permissions") from e
+    return (token, str(path)) if token else None
+
+
+def create_token(cfg: Config) -> tuple[str, Path]:
+    """The stored token, generating one on first use (file mode 0600)."""
+    existing = configured_token(cfg)
+    if existing and existing[1] != "server.token":
+        return existing[0], token_path(cfg)
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    path = token_path(cfg)
+    atomic_write_text(path, token + "\n", mode=0o600)
+    return token, path
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve without a token, with a message saying why and what to do."""
+    if token:
+        return
+    where = "a non-loopback address" if host not in LOOPBACK_HOSTS else host
+    raise ConfigError(
+        f"refusing to serve MCP over HTTP on {where} without a token: anyone who can reach the port could read and "
+        "append to your notes. Run `second-brain-mcp --print-token` (or python mcp_server.py --print-token) to "
+        "create one, or set server.token / KB_SERVER_TOKEN"
+    )
+
+
+class BearerTokenMiddleware:
+    """ASGI middleware: 401 unless the request carries `Authorization: Bearer <token>` (constant-time compare)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._token = token.encode("utf-8")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+                break
+        scheme, _, credential = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(credential.strip(), self._token):
+            logger.info("refused an HTTP request without a valid token from %s", (scope.get("client") or ("?",))[0])
+            body = b'{"error": "unauthorized: send Authorization: Bearer <token> (see second-brain-mcp --print-token)"}'
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"www-authenticate", b'Bearer realm="second-brain-mcp"'),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+def http_app(server: Any, cfg: Config, host: str, token: str) -> Any:
+    """The SDK's streamable HTTP app for `server` (an MCPServer) behind the token check."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    security = None  # loopback: the SDK protects against DNS rebinding with its own localhost rules
+    if host not in LOOPBACK_HOSTS:
+        if cfg.allowed_hosts:
+            origins = [f"http://{h}" for h in cfg.allowed_hosts] + [f"https://{h}" for h in cfg.allowed_hosts]
+            security = TransportSecuritySettings(allowed_hosts=list(cfg.allowed_hosts), allowed_origins=origins)
+        else:
+            logger.info("DNS-rebinding checks are off for %s (no server.allowed_hosts); the bearer token guards it", host)
+            security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
+    return BearerTokenMiddleware(app, token)
+
+
+def serve_http(server: Any, cfg: Config, host: str, port: int) -> None:
+    """Serve until interrupted: several client sessions at once, one process, one index."""
+    import uvicorn
+
+    found = configured_token(cfg)
+    check_bind(host, found[0] if found else None)
+    assert found is not None
+    logger.info("serving MCP over streamable HTTP at http://%s:%d%s (token from %s)", host, port, MCP_PATH, found[1])
+    config = uvicorn.Config(http_app(server, cfg, host, found[0]), host=host, port=port, log_level="warning")
+    uvicorn.Server(config).run()
