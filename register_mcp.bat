@@ -71,6 +71,13 @@ set "TMPBASE=%TEMP%\register_mcp_%RANDOM%%RANDOM%"
 set "OUT=%TMPBASE%.out"
 set "ERR=%TMPBASE%.err"
 
+rem ---- installed command -------------------------------------------------------------------------------------
+rem An installed second-brain-mcp (pipx install .) is registered as itself unless PYTHON is given.
+set "INSTALLED="
+if defined PY goto installed_done
+for /f "delims=" %%I in ('where second-brain-mcp 2^>nul') do if not defined INSTALLED set "INSTALLED=%%I"
+:installed_done
+
 rem ---- python ------------------------------------------------------------------------------------------------
 if defined PY goto have_py
 if exist "%REPO_DIR%\.venv\Scripts\python.exe" set "PY=%REPO_DIR%\.venv\Scripts\python.exe"
@@ -128,8 +135,17 @@ type "%ERR%" 1>&2
 :name_done
 del "%OUT%" "%ERR%" >nul 2>&1
 
+rem Claude Code starts servers in the project folder: pin the per-user config an installed command would find.
+set "CMD=%PY%"
+set CMD_SCRIPT="%SERVER_PY%"
+if not defined INSTALLED goto cmd_done
+set "CMD=%INSTALLED%"
+set "CMD_SCRIPT="
+if not defined CONFIG_ARGS if exist "%APPDATA%\second-brain-mcp\config.yaml" set CONFIG_ARGS=--config "%APPDATA%\second-brain-mcp\config.yaml"
+:cmd_done
+
 echo server name: %NAME%
-echo command:     "%PY%" "%SERVER_PY%" %CONFIG_ARGS%
+echo command:     "%CMD%" %CMD_SCRIPT% %CONFIG_ARGS%
 
 rem ---- without claude: print a snippet for other clients -----------------------------------------------------
 where claude >nul 2>&1
@@ -141,7 +157,7 @@ echo.
 echo For Claude Desktop, Cursor or another MCP client, add this to its MCP config (mcpServers):
 echo.
 rem json.dumps escapes the backslashes of Windows paths.
-"%PY%" -c "import json, sys; print(json.dumps({'mcpServers': {sys.argv[1]: {'command': sys.argv[2], 'args': sys.argv[3:]}}}, indent=2))" "%NAME%" "%PY%" "%SERVER_PY%" %CONFIG_ARGS%
+"%PY%" -c "import json, sys; print(json.dumps({'mcpServers': {sys.argv[1]: {'command': sys.argv[2], 'args': sys.argv[3:]}}}, indent=2))" "%NAME%" "%CMD%" %CMD_SCRIPT% %CONFIG_ARGS%
 exit /b 0
 
 rem ---- register ----------------------------------------------------------------------------------------------
@@ -150,7 +166,7 @@ rem "call": claude may be a .cmd shim, and running one without call never return
 rem Remove first so re-running is idempotent ("already exists" otherwise); a missing entry is not an error.
 call claude mcp remove "%NAME%" --scope %SCOPE% >nul 2>&1
 if not errorlevel 1 echo replaced the existing '%NAME%' registration (%SCOPE% scope)
-call claude mcp add --scope %SCOPE% "%NAME%" -- "%PY%" "%SERVER_PY%" %CONFIG_ARGS%
+call claude mcp add --scope %SCOPE% "%NAME%" -- "%CMD%" %CMD_SCRIPT% %CONFIG_ARGS%
 if errorlevel 1 goto err_add
 
 echo.
@@ -159,7 +175,7 @@ call claude mcp list
 if errorlevel 1 echo hint: 'claude mcp list' failed; the registration is saved. Check it with: claude mcp get %NAME% 1>&2
 echo.
 if /i "%SCOPE%"=="project" echo Project-scoped servers show 'Pending approval' until you start 'claude' in this folder and approve them.
-echo If '%NAME%' is not Connected, test the server by hand:  "%PY%" "%SERVER_PY%" %CONFIG_ARGS% --search test
+echo If '%NAME%' is not Connected, test the server by hand:  "%CMD%" %CMD_SCRIPT% %CONFIG_ARGS% --search test
 exit /b 0
 
 rem ---- messages ----------------------------------------------------------------------------------------------
