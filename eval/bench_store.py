@@ -106,7 +106,7 @@ def bench_store(vault: Path, work: Path, store: str, queries: list[str], port: i
     target.write_text(target.read_text(encoding="utf-8") + "\n\nzymurgy benchmark marker\n", encoding="utf-8")
     t = time.perf_counter()
     engine.sync_all()
-    hits = searcher.search("zymurgy benchmark marker", mode="hybrid").hits
+    hits = searcher.search("zymurgy benchmark marker", mode="keyword").hits
     out["edit_to_searchable_ms"] = round((time.perf_counter() - t) * 1000, 1)
     out["edit_found"] = bool(hits) and hits[0].path == note
     return out
