@@ -329,8 +329,7 @@ class Engine:
                 self._write_sync(disk, full, report, progress)
                 committed = True
             except ModelUnavailableError as e:
-                self.model_error = str(e)
-                logger.warning("%s. Keyword search stays current meanwhile.", e)
+                self._model_failed(e)
             except LockTimeoutError as e:
                 report.lock_timeout = True
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
@@ -647,6 +646,11 @@ class Engine:
         report.pending_vectors = self.pending_vectors if self.model_error is None else 0
         return report
 
+    def _model_failed(self, e: ModelUnavailableError) -> None:
+        """Keyword-only from now on in this process, saying why once."""
+        self.model_error = str(e)
+        logger.warning("%s. Keyword search stays current meanwhile.", e)
+
     def _embed_reporting(self, report: SyncReport, progress: ProgressFn | None, *, wait: bool) -> None:
         """_embed, with a model that cannot load or a busy lock turned into the report's words (nothing is lost:
         the chunks stay pending for the next sync)."""
@@ -655,8 +659,7 @@ class Engine:
         try:
             self._embed(report, progress, wait=wait)
         except ModelUnavailableError as e:
-            self.model_error = str(e)
-            logger.warning("%s. Keyword search stays current meanwhile.", e)
+            self._model_failed(e)
         except LockTimeoutError as e:
             report.lock_timeout = True
             report.reasons.append(f"{e}; the chunks still without a vector are embedded by the next sync")
