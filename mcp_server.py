@@ -385,6 +385,9 @@ class KnowledgeBase:
         mode: str | None = None,
         tag: str | None = None,
         modified_within_days: float | None = None,
+        where: dict[str, Any] | None = None,
+        date_from: str | None = None,
+        date_to: str | None = None,
     ) -> tuple[str, dict]:
         from kb_scan import modified_cutoff
 
@@ -404,7 +407,15 @@ class KnowledgeBase:
 
         def run() -> Any:
             return self.searcher.search(
-                query, top_k=top_k, mode=mode, path_prefix=path_prefix, tag=tag, modified_within_days=modified_within_days
+                query,
+                top_k=top_k,
+                mode=mode,
+                path_prefix=path_prefix,
+                tag=tag,
+                modified_within_days=modified_within_days,
+                where=where,
+                date_from=date_from,
+                date_to=date_to,
             )
 
         result = run()
@@ -825,12 +836,15 @@ def build_server(kb: KnowledgeBase) -> Any:
         ] = None,
         tag: Annotated[str | None, Field(description="Only notes with this tag, e.g. 'health'")] = None,
         modified_within_days: Annotated[float | None, days] = None,
+        where: Annotated[dict[str, Any] | None, where_field] = None,
+        date_from: Annotated[str | None, date_from_field] = None,
+        date_to: Annotated[str | None, date_to_field] = None,
     ) -> CallToolResult:
         """Search the user's personal notes (Markdown vault). Call it before answering anything about the user's own
         projects, decisions, people, plans, configs or past work, and cite hits as path:lines. Returns note path,
         heading, line range, a short snippet and scores; says "Nothing relevant" when the notes do not cover the
         question. Use read_note to open a hit in full."""
-        return run(kb.search, query, top_k, path_prefix, mode, tag, modified_within_days)
+        return run(kb.search, query, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 
     @server.tool(
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)

@@ -122,3 +122,13 @@ def test_logseq_sample_answers_property_filters_and_backlinks(tmp_path):
         assert "journals/2026_03_02.md" in [h["path"] for h in rel["backlinks"]]
     finally:
         kb.shutdown()
+
+
+def test_search_filters_by_properties_and_journal_dates(kb):
+    _, active = kb.search("plan", mode="keyword", where={"status": "active"})
+    _, dated = kb.search("Monday", mode="keyword", date_from="2026-03-05", date_to="2026-03-31")
+
+    assert {h["path"] for h in active["hits"]} == {"projects/kestrel.md"}
+    assert {h["path"] for h in dated["hits"]} == {"daily/2026-03-09.md"}
+    with pytest.raises(KBError, match="property keys are: project, status"):
+        kb.search("plan", where={"owner": "me"})

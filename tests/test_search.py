@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -61,7 +61,8 @@ def test_search_filters_by_modification_date(searcher):
     os.utime(old, (time.time() - 40 * 86400, time.time() - 40 * 86400))
     searcher.engine.sync_all()
     recent = _paths(searcher.search("PostgreSQL", modified_within_days=7, mode="hybrid", top_k=10))
-    assert recent[0] == "daily/2026-01-01.md" and "projects/alpha.md" not in recent
+    assert recent and "projects/alpha.md" not in recent
+    assert "daily/2026-01-01.md" not in recent  # a journal is as old as its own date, whatever its file time
     assert "projects/alpha.md" in _paths(searcher.search("PostgreSQL", modified_within_days=60, mode="hybrid"))
 
 
@@ -72,8 +73,10 @@ def test_search_keeps_at_most_two_chunks_per_note(searcher):
 
 
 def test_search_abstains_and_names_nearest_notes_when_nothing_is_relevant(searcher, monkeypatch):
-    # the hash embedder shares characters between any two texts: only a high cosine bar stands for "unrelated"
-    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, min_cosine=0.99))
+    # the hash embedder shares characters between any two texts: only a high bar stands for "unrelated"
+    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", 1e6)
+    monkeypatch.setattr(kb_search, "MIN_BACKGROUND", 1)  # a tiny vault's cosine would vouch for anything
+    monkeypatch.setattr(kb_search, "NEAREST_EXCLUDED", 0)
     result = searcher.search("zebra crossing quantum sourdough", mode="hybrid")
     assert result.abstained and result.hits == []
     assert 0 < len(result.closest) <= kb_search.CLOSEST_ON_ABSTAIN
@@ -123,9 +126,92 @@ def test_hybrid_degrades_to_keyword_with_note_when_model_missing(searcher):
 def test_english_only_model_does_not_vouch_for_chinese_queries(searcher, monkeypatch):
     """With an English-only model, a Chinese query's relevance rests on its terms, not on the model's cosine."""
     searcher.engine.embedder = HashEmbedder(name="all-MiniLM-L6-v2")
-    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, min_cosine=-1.0))  # any cosine would pass
+    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", -1e6)  # any cosine would pass
     assert searcher.search("今天天气怎么样", mode="hybrid").abstained
     assert not searcher.search("今天天气怎么样", mode="semantic").abstained
+
+
+def test_cosine_gate_stays_open_in_a_vault_too_small_to_calibrate(searcher, monkeypatch):
+    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", 1e6)
+    assert not searcher.search("zebra crossing quantum sourdough", mode="semantic").abstained
+
+
+def test_multilingual_model_vouches_for_chinese_queries(searcher, monkeypatch):
+    """A multilingual model gets the whole Chinese query, and its cosine can pass the gate on its own."""
+    searcher.engine.embedder = HashEmbedder(name="use-multilingual")
+    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", -1e6)
+    result = searcher.search("今天天气怎么样", mode="hybrid")
+    assert not result.abstained and result.hits[0].cosine is not None
+
+
+@pytest.fixture
+def topic_vault(tmp_path):
+    """Forty notes on forty unrelated topics: a background for the cosine gate."""
+    root = tmp_path / "topics"
+    root.mkdir()
+    for i in range(40):
+        words = " ".join(f"topic{i}word{j}" for j in range(12))
+        (root / f"note{i:02}.md").write_text(f"# Note {i}\n\n{words}\n", encoding="utf-8")
+    return root
+
+
+class _Offset(HashEmbedder):
+    """The hash embedder with one constant extra dimension: every cosine moves up (c -> (c + k^2) / (1 + k^2))."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def _vector(self, text):
+        v = super()._vector(text) + [self.k]
+        norm = sum(x * x for x in v) ** 0.5
+        return [x / norm for x in v]
+
+
+@pytest.mark.parametrize("query", ["topic7word1 topic7word5", "topic7word3", "unrelated quantum sourdough", "zzz"])
+def test_cosine_gate_is_calibrated_per_model_not_by_absolute_cosine(topic_vault, make_engine, tmp_path, query):
+    """A model whose cosines all sit higher decides the same: the gate compares with the vault's own background."""
+    decisions = []
+    for i, embedder in enumerate([HashEmbedder(), _Offset(3.0)]):
+        engine = make_engine(topic_vault, embedder, data_dir=tmp_path / f"data{i}")
+        engine.sync_all()
+        decisions.append(Searcher(engine).search(query, mode="semantic").abstained)
+    assert decisions[0] == decisions[1]
+
+
+class _TopicEmbedder(HashEmbedder):
+    """Exact cosines for the gate: "topicN" words point at axis N, every text shares one common axis."""
+
+    def _vector(self, text):
+        v = [0.0] * (self.dim - 1) + [1.0]
+        for n in re.findall(r"topic(\d+)", text):
+            v[int(n)] += 2.0
+        norm = sum(x * x for x in v) ** 0.5
+        return [x / norm for x in v]
+
+
+def test_cosine_gate_passes_a_clear_match_and_stops_noise(topic_vault, make_engine):
+    engine = make_engine(topic_vault, _TopicEmbedder())
+    engine.sync_all()
+    searcher = Searcher(engine)
+    hit = searcher.search("what about topic7", mode="semantic")
+    assert not hit.abstained and hit.hits[0].path == "note07.md"
+    noise = searcher.search("quantum sourdough violin", mode="semantic")  # equally far from every note
+    assert noise.abstained and noise.closest  # still names the nearest notes
+
+
+def test_search_with_two_models_reports_the_mean_of_their_cosines(small_vault, make_engine):
+    from kb_engine import embed_text
+    from kb_vectors import MultiEmbedder
+
+    a, b = HashEmbedder(dim=32, name="model-a"), HashEmbedder(dim=48, name="model-b")
+    engine = make_engine(small_vault, MultiEmbedder([a, b]))
+    engine.sync_all()
+    top = Searcher(engine).search("PostgreSQL ledger", mode="hybrid").hits[0]
+    assert top.path == "projects/alpha.md"
+    text = embed_text(engine.chunks[top.chunk_id], engine.files.get(top.path))
+    own = [sum(x * y for x, y in zip(m.embed_query("PostgreSQL ledger"), m.embed_documents([text])[0])) for m in (a, b)]
+    assert top.cosine == pytest.approx(sum(own) / 2, abs=1e-5)
 
 
 def test_snippet_centres_on_first_matched_term():
@@ -135,3 +221,24 @@ def test_snippet_centres_on_first_matched_term():
     chunk = ChunkRecord("c", "p.md", "", 1, 1, text, "", "")
     snippet = make_snippet(chunk, ["magic"], 120)
     assert "MAGIC" in snippet and snippet.startswith("…") and snippet.endswith("…") and len(snippet) <= 122
+
+
+@pytest.mark.parametrize(("pool", "low", "high"), [(1, 0.0, 0.0), (250, 2.6, 2.7), (15_000, 3.8, 3.9)])
+def test_chance_level_of_the_best_cosine_grows_with_the_pool(pool, low, high):
+    assert low <= kb_search.chance_z(pool) <= high
+
+
+def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_engine, monkeypatch):
+    engine = make_engine(topic_vault, _TopicEmbedder())
+    engine.sync_all()
+    searcher = Searcher(engine)
+    calls: list[int] = []
+    real = engine.vectors.get_vectors
+    monkeypatch.setattr(engine.vectors, "get_vectors", lambda ids: calls.append(len(ids)) or real(ids))
+    searcher.search("what about topic7", mode="semantic")
+    searcher.search("what about topic8", mode="semantic")
+    assert calls.count(40) == 1  # the whole 40-chunk vault is the sample, read once
+    (topic_vault / "note40.md").write_text("# Note 40\n\ntopic40word0\n", encoding="utf-8")
+    engine.sync_all()
+    searcher.search("what about topic9", mode="semantic")
+    assert calls.count(40) == 1 and 41 not in calls  # one more chunk (2.5%) keeps the sample
