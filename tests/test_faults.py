@@ -1,0 +1,105 @@
+"""eval/faults.py --quick: kill -9 of ingest and of a server mid-append, a multi-process storm, and hostile input,
+against real processes; every part must report zero inconsistencies (the figures say what was exercised)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from kb_fixtures import REPO_ROOT
+
+FAULTS = REPO_ROOT / "eval" / "faults.py"
+PARTS = ("kills", "append-kills", "storm", "hostile")
+# Generous for a busy 2-core machine; the quick run itself takes about a minute and a half here.
+QUICK_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def quick() -> dict[str, Any]:
+    """One `eval/faults.py --quick --json` run, shared by every test here."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    proc = subprocess.run(
+        [sys.executable, str(FAULTS), "--quick", "--json", "--quiet"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
+    )
+    assert proc.stdout.strip(), f"no JSON on stdout (exit {proc.returncode}): {proc.stderr[-3000:]}"
+    return json.loads(proc.stdout)
+
+
+def _findings(part: dict[str, Any]) -> str:
+    return "\n".join(f"{f['case']}: expected {f['expected']}, got {f['got']} [{f['repro']}]" for f in part["findings"])
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_faults_quick_part_finds_no_inconsistency(quick, name):
+    part = quick["parts"][name]
+    assert part["inconsistencies"] == 0, _findings(part)
+
+
+def test_faults_quick_exercises_every_part(quick):
+    parts = quick["parts"]
+    assert set(parts) == set(PARTS)
+    assert parts["kills"]["figures"]["kills"] >= 3 and parts["kills"]["figures"]["queries_compared"] > 0
+    assert parts["append-kills"]["figures"]["rounds"] >= 2
+    storm = parts["storm"]["figures"]
+    assert storm["acknowledged_appends"] > 0 and storm["external_lines"] > 0 and storm["editor_ops"] > 0
+    assert storm["calls"] > 0 and storm["settle_searches"]["searched"] > 0
+    hostile = parts["hostile"]["figures"]
+    assert hostile["hostile_paths"] >= 80 and hostile["bad_arguments"] > 0 and hostile["broken_classes"] >= 30
+    assert hostile["bytes_changed_outside_whitelist"] == 0 and hostile["internal_errors"] == 0
+
+
+# ---- the drills' own judgement, on hand-made inputs (a check that cannot fail would prove nothing) ----------------
+
+
+@pytest.fixture(scope="module")
+def faults_modules() -> Any:
+    sys.path.insert(0, str(REPO_ROOT / "eval"))
+    import faults_common
+    import faults_kills
+
+    return faults_common, faults_kills
+
+
+@pytest.mark.parametrize(
+    ("after", "acked", "inflight", "verdict"),
+    [
+        ("B", [], "x", "unchanged"),
+        ("B", ["a"], None, "lost"),
+        ("B\na\n", ["a"], None, "whole"),
+        ("B\na\n\nx\n", ["a"], "x", "whole+inflight"),
+        ("B\na\n\nx", ["a"], "x", "torn"),
+        ("B\na\n\na\n", ["a"], None, "torn"),
+        ("C\na\n", ["a"], None, "torn"),
+    ],
+)
+def test_classify_note_tells_whole_appends_from_torn_ones(faults_modules, after, acked, inflight, verdict):
+    _, kills = faults_modules
+    assert kills.classify_note("B", after, acked, inflight) == verdict
+
+
+def test_tie_only_accepts_swapped_equal_scores_and_rejects_other_differences(faults_modules):
+    common, _ = faults_modules
+    assert common._tie_only([("a", 0.5), ("b", 0.5), ("c", 0.1)], [("b", 0.5), ("a", 0.5), ("c", 0.1)])
+    assert not common._tie_only([("a", 0.9), ("b", 0.5)], [("x", 0.9), ("b", 0.5)])
+    assert not common._tie_only([("a", 0.9), ("b", 0.5)], [("b", 0.9), ("a", 0.4)])
+
+
+def test_changed_bytes_counts_new_changed_and_removed_files(tmp_path, faults_modules):
+    common, _ = faults_modules
+    (tmp_path / "same").write_text("x")
+    (tmp_path / "edit").write_text("abc")
+    (tmp_path / "gone").write_text("12345")
+    before = common.snapshot(tmp_path)
+    (tmp_path / "edit").write_text("abd")
+    (tmp_path / "gone").unlink()
+    (tmp_path / "new").write_text("1234567")
+    assert common.changed_bytes(before, common.snapshot(tmp_path)) == {"edit": 3, "gone": 5, "new": 7}
