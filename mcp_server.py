@@ -182,6 +182,10 @@ class KnowledgeBase:
         finally:
             self._view_ready.set()
         load_model(engine)
+        try:
+            self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search
+        except Exception:
+            logger.exception("warming up the relevance gate failed; the first search does it")
         self._model_ready.set()
         try:
             engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)

@@ -479,7 +479,7 @@ def _self_peak_mb() -> float | None:
 def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """Every phase in order; returns {"env": ..., "metrics": {key: {value, unit, embedder, note}}}."""
     from kb_search import Searcher
-    from kb_vectors import HashEmbedder, SentenceTransformerEmbedder
+    from kb_vectors import HashEmbedder, make_embedder
 
     ingest_runs = args.repeat or DEFAULT_INGEST_RUNS
     search_starts = args.repeat or DEFAULT_FIRST_SEARCH_STARTS
@@ -494,7 +494,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         label = "fake-embedder"
         embedder = RecordingEmbedder(inner, base_cfg.embed_model)
     else:
-        inner = SentenceTransformerEmbedder(base_cfg.embed_model, base_cfg.embed_device, base_cfg.embed_batch_size)
+        inner = make_embedder(base_cfg.embed_model, device=base_cfg.embed_device, batch_size=base_cfg.embed_batch_size)
         label = base_cfg.embed_model
         t0 = time.perf_counter()
         inner.load()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -193,7 +194,7 @@ def test_load_config_rejects_a_missing_config_file_naming_where_it_came_from(
     [
         ("KB_TOP_K", "9", "top_k", 9),
         ("KB_CHUNK_TOKENS", " 300 ", "chunk_tokens", 300),
-        ("KB_MIN_COSINE", "0.5", "min_cosine", 0.5),
+        ("KB_GATE_MARGIN", "0.5", "gate_margin", 0.5),
         ("KB_SYNC_CHECK_INTERVAL", "3", "check_interval_s", 3.0),
         ("KB_WRITABLE", "a.md, daily/b.md,,", "writable", ("a.md", "daily/b.md")),
         ("KB_SEARCH_MODE", "keyword", "search_mode", "keyword"),
@@ -214,7 +215,7 @@ def test_load_config_coerces_env_values_to_the_key_type(vault: Path, var: str, r
     [
         ("KB_TOP_K", "ten", "search.top_k must be int (got 'ten' from KB_TOP_K)"),
         ("KB_CHUNK_TOKENS", "1.5", "chunking.chunk_tokens must be int (got '1.5' from KB_CHUNK_TOKENS)"),
-        ("KB_MIN_COSINE", "high", "search.min_cosine must be float (got 'high' from KB_MIN_COSINE)"),
+        ("KB_GATE_MARGIN", "high", "search.gate_margin must be float (got 'high' from KB_GATE_MARGIN)"),
         ("KB_CHUNK_TOKENS", "-5", "chunking.chunk_tokens must be >= 32 (got -5 from KB_CHUNK_TOKENS)"),
         ("KB_SEARCH_MODE", "fuzzy", "search.mode must be one of hybrid, keyword, semantic (got 'fuzzy' from KB_SEARCH_MODE)"),
     ],
@@ -236,7 +237,7 @@ def test_load_config_rejects_bad_env_value_naming_the_variable(vault: Path, var:
         ("search:\n  top_k: 0\n", "search.top_k must be >= 1 (got 0 from c.yaml)"),
         ("search:\n  top_k: 51\n", "search.top_k must be <= 50 (got 51 from c.yaml)"),
         ("chunking:\n  chunk_tokens: 5\n", "chunking.chunk_tokens must be >= 32 (got 5 from c.yaml)"),
-        ("search:\n  min_cosine: 2.5\n", "search.min_cosine must be <= 1.0 (got 2.5 from c.yaml)"),
+        ("search:\n  gate_margin: 7.5\n", "search.gate_margin must be <= 5.0 (got 7.5 from c.yaml)"),
         ("search:\n  mode: fuzzy\n", "search.mode must be one of hybrid, keyword, semantic"),
         ("server:\n  log_level: loud\n", "server.log_level must be one of DEBUG, INFO, WARNING, ERROR"),
         ("extensions: [md]\n", "entries must look like '.md'"),
@@ -264,13 +265,13 @@ def test_load_config_lists_every_violation_in_one_error(tmp_path: Path) -> None:
         "kb_dir: no-such-folder\nchunking:\n  chunk_tokens: 5\n  bogus: 1\nsearch:\n  top_k: '7'\n",
     )
 
-    message = _config_error(path, env={"KB_MIN_COSINE": "abc"})
+    message = _config_error(path, env={"KB_GATE_MARGIN": "abc"})
 
     expected = [
         "unknown key 'chunking.bogus' in c.yaml",
         "chunking.chunk_tokens must be >= 32 (got 5 from c.yaml)",
         "search.top_k must be int (got '7' from c.yaml)",
-        "search.min_cosine must be float (got 'abc' from KB_MIN_COSINE)",
+        "search.gate_margin must be float (got 'abc' from KB_GATE_MARGIN)",
         "no-such-folder is not a folder (from c.yaml)",
     ]
     assert [e for e in expected if e not in message] == []
@@ -440,3 +441,12 @@ def test_installed_command_keeps_its_index_in_the_user_data_folder(tmp_path: Pat
 def test_installed_command_without_kb_dir_names_the_user_config_file(installed: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match=r"second-brain-mcp/config\.yaml"):
         load_config(None, env=installed)
+
+
+def test_config_of_an_earlier_version_with_min_cosine_still_loads_with_a_warning(tmp_path: Path, caplog) -> None:
+    path = _write_config(tmp_path, f"kb_dir: {json.dumps(str(tmp_path))}\nsearch:\n  min_cosine: 0.25\n  top_k: 3\n")
+
+    cfg = load_config(path, env={})
+
+    assert cfg.top_k == 3
+    assert "search.min_cosine" in caplog.text and "no longer used" in caplog.text

