@@ -125,10 +125,6 @@ class UseEmbedder:
         self._model: Any = None
         self._load_lock = threading.Lock()
 
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
-
     def load(self) -> Any:
         """Load the model once (thread-safe); raises ModelUnavailableError saying how to install it."""
         with self._load_lock:
@@ -169,10 +165,6 @@ class SentenceTransformerEmbedder:
         self.threads = threads  # torch CPU threads for this process; None keeps torch's default
         self._model: Any = None
         self._load_lock = threading.Lock()
-
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
 
     def load(self) -> Any:
         """Load the model once (thread-safe); raises ModelUnavailableError saying why and what to do."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -57,3 +61,24 @@ def make_engine(tmp_path: Path) -> Callable[..., object]:
         return Engine(cfg, embedder or HashEmbedder())
 
     return build
+
+
+# A hostile input must be handled within this many seconds; a regression (quadratic parsing) runs into it.
+BOUNDED_S = 60
+
+
+def run_bounded(code: str) -> object:
+    """Run `code` in a fresh interpreter with the repository importable; return the JSON it prints last.
+
+    The timeout turns a quadratic blow-up into a failure instead of a hung suite.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n{code}"],
+        capture_output=True,
+        text=True,
+        timeout=BOUNDED_S,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])

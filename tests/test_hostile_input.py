@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kb_fixtures import REPO_ROOT, make_config
+from kb_fixtures import BOUNDED_S, make_config, run_bounded
 
 from kb_config import Config, KBError, PathOutsideVaultError, WriteRefusedError
 from kb_files import TEMP_PREFIX, TEMP_SUFFIX
@@ -27,8 +27,6 @@ from kb_state import decode_note
 from kb_text import MAX_TOKEN_CHARS, chunk_note, content_hash, find_sections, parse_frontmatter, split_lines
 from kb_write import MAX_APPEND_ATTEMPTS, append_to_note
 
-# Time limit for work that must be linear: seconds where it takes milliseconds (before the fixes: minutes or never).
-BOUNDED_S = 60
 # A YAML "billion laughs" (the probe's, one level deeper): about 300 bytes, 9^7 tags once aliases are followed.
 ALIAS_BOMB = (
     "---\n"
@@ -82,20 +80,6 @@ def _snapshot(root: Path) -> dict[str, object]:
                 ("link", os.readlink(p)) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
             )
     return out
-
-
-def _run_bounded(code: str) -> object:
-    """Run `code` in a fresh interpreter with the repository importable; return the JSON it prints last."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n{code}"],
-        capture_output=True,
-        text=True,
-        timeout=BOUNDED_S,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @contextlib.contextmanager
@@ -158,7 +142,7 @@ def test_content_hash_does_not_fail_on_lone_surrogates() -> None:
 
 
 def test_tokenize_cuts_a_200k_character_run_to_one_bounded_token() -> None:
-    count, longest = _run_bounded(
+    count, longest = run_bounded(
         "import json; from kb_text import Tokenizer\n"
         "tokens = Tokenizer(use_jieba=False).tokenize('a' * 200_000)\n"
         "print(json.dumps([len(tokens), max(map(len, tokens))]))"
@@ -168,7 +152,7 @@ def test_tokenize_cuts_a_200k_character_run_to_one_bounded_token() -> None:
 
 
 def test_tokenize_is_not_slowed_by_a_20k_token_appended_to_a_note() -> None:
-    tokens = _run_bounded(
+    tokens = run_bounded(
         "import json; from kb_text import Tokenizer\n"
         "note = '# Backup\\n\\nThe nightly timer runs at 02:00.\\n\\n' + 'x9' * 10_000 + '\\n\\nafter the blob\\n'\n"
         "tk = Tokenizer(use_jieba=False)\n"
@@ -181,7 +165,7 @@ def test_tokenize_is_not_slowed_by_a_20k_token_appended_to_a_note() -> None:
 
 
 def test_chunk_note_is_linear_on_long_space_backtick_and_fence_runs() -> None:
-    chunk_counts = _run_bounded(
+    chunk_counts = run_bounded(
         "import json; from kb_text import chunk_note\n"
         "notes = ['# x' + ' ' * 100_000 + 'y', '`' * 100_000, '```a\\n' * 20_000, '~~~~x\\n' * 16_000,\n"
         "         '# ' + ' \\t' * 50_000 + '#' * 50_000 + 'y']\n"
@@ -241,7 +225,7 @@ def test_resolve_inside_rejects_a_fifo_as_not_a_regular_file(vault: Path) -> Non
 
 
 def test_chunk_note_treats_a_yaml_alias_bomb_as_broken_frontmatter() -> None:
-    error, tags, aliases, body = _run_bounded(
+    error, tags, aliases, body = run_bounded(
         "import json; from kb_text import chunk_note\n"
         f"note = chunk_note({ALIAS_BOMB!r}, 'f', 200)\n"
         "print(json.dumps([note.frontmatter_error, note.tags, note.aliases, ' '.join(c.text for c in note.chunks)]))"

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 
 import pytest
+from kb_fixtures import run_bounded
 
 from kb_config import KBError
 from kb_links import LinkResolver, Resolution, expand_embeds, journal_titles, parse_links
@@ -17,27 +14,11 @@ from kb_text import chunk_note
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"
-# Time limit for work that must be linear: seconds where it takes milliseconds (quadratic work would take hours).
-BOUNDED_S = 60
 
 
 def _links(text: str) -> list[tuple]:
     """Each link as (target, heading, block, label, embed, line, kind), for compact expectations."""
     return [(k.target, k.heading, k.block, k.label, k.embed, k.line, k.kind) for k in parse_links(text)]
-
-
-def _run_bounded(code: str) -> object:
-    """Run `code` in a fresh interpreter with the repository importable; return the JSON it prints last."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n{code}"],
-        capture_output=True,
-        text=True,
-        timeout=BOUNDED_S,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---- parse_links -----------------------------------------------------------------------------------------------------
@@ -167,7 +148,7 @@ def test_parse_links_skips_plain_hashtags() -> None:
 
 
 def test_parse_links_does_run_in_linear_time_on_hostile_200k_inputs() -> None:
-    counts = _run_bounded(
+    counts = run_bounded(
         "import json; from kb_links import parse_links\n"
         "n = 200_000\n"
         "texts = ['[[' * (n // 2), '[' * n, '![](' * (n // 4), '[a](' + 'b' * n, '[a](x' + ' ' * n + 'y',\n"
@@ -525,7 +506,7 @@ def test_expand_embeds_does_expand_a_logseq_embed_in_the_sample() -> None:
 
 
 def test_expand_embeds_does_stay_linear_on_many_embeds_of_a_big_note() -> None:
-    sizes = _run_bounded(
+    sizes = run_bounded(
         "import json; from kb_links import LinkResolver, expand_embeds\n"
         "notes = {'Big.md': 'x' * 200_000, 'Many.md': '![[Big]]\\n' * 10_000}\n"
         "out = expand_embeds('Many.md', notes.get, LinkResolver(notes))\n"

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from kb_fixtures import run_bounded
 
 from kb_text import (
     HEADING_SEP,
@@ -30,28 +27,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"
 SAMPLE_KB = REPO_ROOT / "examples" / "sample_kb"
 SAMPLE_NOTES = sorted(p.relative_to(LOGSEQ_SAMPLE).as_posix() for p in LOGSEQ_SAMPLE.rglob("*.md"))
-# Time limit for work that must be linear: seconds where it takes milliseconds (quadratic work would take hours).
-BOUNDED_S = 60
 _PROPERTY_LINE = re.compile(r"[ \t]*(?:[-*+][ \t]+)?[\w\-]+::(?:[ \t].*)?$")
 
 
 def _sample(rel: str, chunk_tokens: int = 200):
     text = (LOGSEQ_SAMPLE / rel).read_text("utf-8")
     return text, chunk_note(text, Path(rel).stem, chunk_tokens, rel_path=rel, logseq_graph=True)
-
-
-def _run_bounded(code: str) -> object:
-    """Run `code` in a fresh interpreter with the repository importable; return the JSON it prints last."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n{code}"],
-        capture_output=True,
-        text=True,
-        timeout=BOUNDED_S,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---- frontmatter properties ------------------------------------------------------------------------------------------
@@ -120,7 +101,7 @@ def test_chunk_note_skips_properties_of_a_yaml_alias_bomb_in_bounded_time() -> N
     bomb = "---\na: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(6)
     )
-    props, error = _run_bounded(
+    props, error = run_bounded(
         "import json; from kb_text import chunk_note\n"
         f"note = chunk_note({bomb + 'tags: *g' + chr(10) + '---' + chr(10) + 'body' + chr(10)!r}, 'f', 200)\n"
         "print(json.dumps([note.properties, note.frontmatter_error]))"
@@ -518,7 +499,7 @@ def test_chunk_note_does_keep_markdown_notes_chunked_by_headings() -> None:
 
 
 def test_chunk_note_is_linear_on_hostile_outlines() -> None:
-    counts = _run_bounded(
+    counts = run_bounded(
         "import json; from kb_text import chunk_note\n"
         "n = 200_000\n"
         "deep = ''.join('\\t' * i + '- x\\n' for i in range(600))\n"
