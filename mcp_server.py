@@ -53,6 +53,12 @@ SERVER_MODEL_THREADS = 1
 # p50 0.2 ms, p99 4 ms, max 4.2 ms here (200 writes, idle and with one core busy). Residual risk: a handler delayed
 # past this (a heavily overloaded machine) is picked up by the next search; hits themselves are re-checked by stat.
 EVENT_SETTLE_S = 0.002
+# If events are still arriving after that (a burst: many files saved at once, a git checkout), the search waits until
+# they pause this long, at most EVENT_BURST_MAX_S, so it takes the whole burst rather than part of it. CI once took 32
+# of 60 files written just before the request: the handler was still delivering them on a loaded machine. Costs
+# nothing when no event came in the last EVENT_QUIET_S, which is every question a person types after saving.
+EVENT_QUIET_S = 0.05
+EVENT_BURST_MAX_S = 1.0
 # While searches come in, a full stat walk runs in the background this often, as an audit of the events (a folder
 # past the inotify watch limit is silently unwatched, network file systems send no events). No search waits for it.
 SAFETY_WALK_S = 30.0
@@ -257,11 +263,21 @@ class KnowledgeBase:
             if time.monotonic() - self._last_walk >= self.cfg.check_interval_s:
                 self._sync(engine, None, notes)
         else:
-            time.sleep(EVENT_SETTLE_S)
+            self._wait_for_events_to_settle()
             self._apply_events(engine, notes)
         if engine.model_error:
             notes.append(f"semantic search is off: {engine.model_error}")
         return notes
+
+    def _wait_for_events_to_settle(self) -> None:
+        time.sleep(EVENT_SETTLE_S)
+        deadline = time.monotonic() + EVENT_BURST_MAX_S
+        while True:
+            now = time.monotonic()
+            quiet_for = now - self.changes.last_event_at
+            if quiet_for >= EVENT_QUIET_S or now >= deadline:
+                return
+            time.sleep(min(EVENT_QUIET_S - quiet_for, deadline - now))
 
     def _apply_events(self, engine: Any, notes: list[str]) -> None:
         from kb_watch import expand_folders

@@ -119,6 +119,30 @@ def test_search_forgets_deleted_note_and_folder_without_walking_the_vault(kb, sm
     assert kb.counts["full_walks_before_search"] == 0
 
 
+def test_search_during_a_burst_of_saves_waits_for_the_burst_and_takes_all_of_it(kb, small_vault):
+    # CI once answered index_status with 32 of 60 files saved just before the call: their events were still on their
+    # way. Here the saves are spread out (as a slow handler delivers them) and the search starts after the first.
+    folder = small_vault / "burst"
+    folder.mkdir()
+    names = [f"note{i:02d}.md" for i in range(20)]
+
+    def save_all() -> None:
+        for name in names:
+            (folder / name).write_text(f"# {name}\n\nThe axolotl ledger entry {name}.\n", encoding="utf-8")
+            time.sleep(0.01)
+
+    seen = kb.changes.events
+    writer = threading.Thread(target=save_all)
+    writer.start()
+    try:
+        assert _until(lambda: kb.changes.events > seen), "no file event arrived"
+        _hits(kb, "axolotl ledger")
+        indexed = sorted(p for p in kb.engine.files if p.startswith("burst/"))
+    finally:
+        writer.join()
+    assert indexed == [f"burst/{n}" for n in names]
+
+
 def test_search_without_changes_only_checks_whether_another_process_committed(kb):
     before = dict(kb.counts)
     for _ in range(3):
