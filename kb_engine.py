@@ -179,6 +179,7 @@ class Engine:
             "model": self.embedder.name,
             "tokenizer": self.tokenizer.signature,
             "metadata_weight": cfg.metadata_weight,
+            "anchor_text": self.view.anchor_weight,
         }
         self.model_error: str | None = None  # set once the model failed to load: keyword-only from then on
         self.last_report: SyncReport | None = None
@@ -754,6 +755,7 @@ class Engine:
             if full and disk == view.stat_map():  # nothing differs: the no-change fast path
                 if report.did_work:
                     view.refresh_user_terms()
+                    view.refresh_anchors()
                 return
             gone = [p for p, s in disk.items() if s is None and p in view.files]
             if full:
@@ -793,6 +795,7 @@ class Engine:
         if changed or report.did_work:
             with self.mutex:
                 view.refresh_user_terms()
+                view.refresh_anchors()
 
 
 class _Retry(Exception):

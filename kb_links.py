@@ -47,6 +47,8 @@ _LINK_RE = re.compile(
     r"|(?P<mbang>!?)\[(?P<label>[^\[\]\n]*)\]\([ \t]*+"  # [label](dest "title")
     r"(?:<(?P<adest>[^<>\n]*)>|(?P<dest>[^\s()<>]*+))(?:[ \t]++(?:\"[^\"\n]*\"|'[^'\n]*'))?[ \t]*+\)"
 )
+# A [[link]] (or ![[embed]]) in a search query.
+_QUERY_LINK_RE = re.compile(r"!?\[\[([^\[\]\n]+)\]\]")
 # A URL scheme (http:, mailto:, obsidian:, file:) or a protocol-relative //host: not a link to a note.
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:|//")
 # A file extension in a Markdown link: a letter, then up to four letters or digits ("v1.2" has none).
@@ -165,6 +167,25 @@ def parse_links(text: str) -> list[Link]:
     return out
 
 
+def split_query_links(query: str) -> tuple[str, list[Link]]:
+    """A search query's [[links]] (wiki form only) and the query with each written as its words.
+
+    Example: split_query_links("rollback in [[库存同步方案#回滚|sync plan]]")
+    -> ("rollback in sync plan", [Link("库存同步方案", "回滚", None, "sync plan", False, 1, "wiki")])
+    """
+    links: list[Link] = []
+
+    def words(m: re.Match[str]) -> str:
+        inner, _, label = m.group(1).partition("|")
+        name, heading, block = _split_anchor(inner)
+        if not name:
+            return m.group(0)
+        links.append(Link(name, heading, block, label.strip() or None, m.group(0).startswith("!"), 1, "wiki"))
+        return label.strip() or " ".join(x for x in (name, heading) if x)
+
+    return _QUERY_LINK_RE.sub(words, query), links
+
+
 def _key(name: str) -> str:
     """Comparison form of a name or path: NFC (macOS stores NFD names), lower-cased, forward slashes."""
     return unicodedata.normalize("NFC", name).replace("\\", "/").strip().lower()
@@ -265,6 +286,34 @@ class LinkResolver:
             if candidates:
                 return _pick(candidates, from_dir)
         return Resolution(None)
+
+    def lookup_keys(self, target: str, from_path: str = "") -> set[str]:
+        """The keys `resolve(target, from_path)` may look up: its answer changes only if one of them changes."""
+        raw = target.strip().replace("\\", "/")
+        if not raw:
+            return set()
+        from_dir = posixpath.dirname(from_path)
+        if raw.startswith(("./", "../")):
+            rel = _key(posixpath.normpath(posixpath.join(from_dir, raw)))
+            return {rel, _strip_note_ext(rel)}
+        key = _key(raw.lstrip("/"))
+        keys = {key, _strip_note_ext(key)}
+        if "/" in key:
+            rel = posixpath.normpath(posixpath.join(from_dir, key))
+            keys.update((rel, _strip_note_ext(rel), posixpath.basename(_strip_note_ext(key))))
+        return keys
+
+    def changed_keys(self, other: LinkResolver) -> set[str]:
+        """Keys that lead to other notes in `other` than here (a note came, went or changed its aliases)."""
+        out: set[str] = set()
+        for mine, theirs in (
+            (self._paths, other._paths),
+            (self._names, other._names),
+            (self._aliases, other._aliases),
+            (self._journals, other._journals),
+        ):
+            out.update(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        return out
 
 
 def _pick(candidates: list[str], from_dir: str) -> Resolution:

@@ -22,6 +22,7 @@ import numpy as np
 
 from kb_config import SEARCH_MODES, KBError, ModelUnavailableError
 from kb_engine import Engine
+from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import cjk_share
 from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only
@@ -68,6 +69,8 @@ MAX_CHUNKS_PER_NOTE = 2
 _LATIN_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 # Notes named as low-confidence pointers when a search abstains.
 CLOSEST_ON_ABSTAIN = 3
+# Score step between a linked note's chunks the search did not find (they follow its found ones in note order).
+LINKED_TAIL_STEP = 1e-6
 # Characters of context kept before the first matched term in a snippet.
 SNIPPET_LEAD_CHARS = 60
 
@@ -304,13 +307,16 @@ class Searcher:
         accept = self._filter(path_prefix, tag, modified_within_days, where, date_from, date_to)
         n = max(self.cfg.candidates, top_k * 4)
 
+        text, links = split_query_links(query)
+        linked = self._resolve_query_links(links, notes) if links else []
+        text = text.strip() or query
         with engine.mutex:
-            tokens = engine.tokenizer.tokenize(query)
+            tokens = engine.tokenizer.tokenize(text)
             kw = engine.bm25.search(tokens, n, accept) if mode != "semantic" else []
         lists: list[_SemanticList] = []
         if mode != "keyword":
             try:
-                lists = self._semantic(query, mode, n, accept, notes)
+                lists = self._semantic(text, mode, n, accept, notes)
             except ModelUnavailableError as e:
                 if mode == "semantic":
                     raise
@@ -325,16 +331,22 @@ class Searcher:
         fused = self._fuse(mode, kw, lists, kw_trust)
         with engine.mutex:
             fused = [(cid, s) for cid, s in fused if cid in engine.chunks]
+            if linked:
+                fused = self._linked_first(fused, linked, accept)
             head = [cid for cid, _ in fused[:n]]
             coverage = self._coverage(tokens, head)
+            named = bool(linked) and bool(head) and engine.chunks[head[0]].path in linked
         cosines = self._cosines(lists, head)
         closest: list[str] = []
-        if not self._is_relevant(mode, max(coverage.values(), default=0.0), lists, cosines):
+        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists, cosines):
             with engine.mutex:  # abstain, but name the nearest notes as low-confidence pointers
                 closest = list(dict.fromkeys(engine.chunks[cid].path for cid in head if cid in engine.chunks))
             fused = []
         if self.cfg.rerank_model and fused:
-            fused = self._rerank(query, fused, notes)
+            fused = self._rerank(text, fused, notes)
+            if linked:  # the cross-encoder reads the words only: the named notes stay first
+                with engine.mutex:
+                    fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
             mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
@@ -348,6 +360,36 @@ class Searcher:
             closest=closest[:CLOSEST_ON_ABSTAIN],
             elapsed_ms=(time.perf_counter() - t0) * 1000,
         )
+
+    def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
+        """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
+        resolver = self.engine.view.resolver()
+        paths: list[str] = []
+        for link in links:
+            path = resolver.resolve(link.target).path
+            if path is None:
+                notes.append(f"[[{link.target}]] names no note in this vault; its words were searched as text")
+            elif path not in paths:
+                paths.append(path)
+                notes.append(f"[[{link.target}]] is {path}: its passages that best match the query come first")
+        return paths
+
+    def _linked_first(self, fused: list[tuple[str, float]], linked: list[str], accept: _Filter | None) -> list[tuple[str, float]]:
+        """The linked notes' chunks ahead of the rest: those the search found in their fused order, then their other
+        chunks in note order (a query that is only a link still leads to the note). Scores stay in descending order."""
+        bonus = (fused[0][1] if fused else 0.0) + 1.0
+        wanted = set(linked)
+        first = [(cid, s + bonus) for cid, s in fused if self.engine.chunks[cid].path in wanted]
+        seen = {cid for cid, _ in first}
+        files, chunks = self.engine.files, self.engine.chunks
+        extra = [
+            cid
+            for path in linked
+            for cid in (files[path].chunks if path in files else ())
+            if cid not in seen and cid in chunks and (accept is None or accept(cid))
+        ]
+        later = [(cid, bonus - LINKED_TAIL_STEP * i) for i, cid in enumerate(extra, 1)]
+        return first + later + [(cid, s) for cid, s in fused if cid not in seen]
 
     def _filter(
         self,

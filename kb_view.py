@@ -7,6 +7,7 @@ Imports kb_config, kb_state, kb_text and bm25_index.
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 # Distinct metadata strings whose tokens are cached (cleared when full or when the dictionary changes).
 META_TOKEN_CACHE = 50_000
+# Anchor text: how many times the words other notes use to link to a note join each of its chunks' BM25 tokens
+# (0: off). Measured in docs/retrieval.md.
+ANCHOR_TEXT_WEIGHT = 1
+# At most this many distinct anchors per note (the most used first), so a hub note's chunks stay about their text.
+MAX_ANCHORS = 16
 
 
 @dataclass(frozen=True)
@@ -41,14 +47,21 @@ class LinkGraph:
     ambiguous: dict[str, tuple[str, ...]]
 
 
-def build_link_graph(files: dict[str, FileRecord]) -> LinkGraph:
-    """Resolve every stored link against the notes in `files` (links into the same note are not backlinks)."""
+def make_resolver(files: dict[str, FileRecord]) -> LinkResolver:
+    """A resolver over the indexed notes (skipped files are not link targets) and their aliases."""
     notes = {p: r for p, r in files.items() if not r.skipped}
-    resolver = LinkResolver(notes, {p: r.aliases for p, r in notes.items() if r.aliases})
+    return LinkResolver(notes, {p: r.aliases for p, r in notes.items() if r.aliases})
+
+
+def build_link_graph(files: dict[str, FileRecord], resolver: LinkResolver | None = None) -> LinkGraph:
+    """Resolve every stored link against the notes in `files` (links into the same note are not backlinks)."""
+    resolver = resolver or make_resolver(files)
     outgoing: dict[str, list[tuple[LinkRow, str | None]]] = {}
     backlinks: dict[str, list[tuple[str, LinkRow]]] = {}
     unresolved: dict[str, list[LinkRow]] = {}
-    for path, rec in notes.items():
+    for path, rec in files.items():
+        if rec.skipped:
+            continue
         for row in rec.links:
             target = resolver.resolve(row[0], path).path if row[0] else path
             outgoing.setdefault(path, []).append((row, target))
@@ -57,6 +70,96 @@ def build_link_graph(files: dict[str, FileRecord]) -> LinkGraph:
             elif target != path:
                 backlinks.setdefault(target, []).append((path, row))
     return LinkGraph(resolver, outgoing, backlinks, unresolved, resolver.ambiguous_names())
+
+
+class AnchorText:
+    """Each note's anchor text: the words other notes link to it with (a link's label, else the name it was written
+    with), minus what the note says of itself (file name, title, aliases); the most used first, MAX_ANCHORS each.
+
+    Kept incrementally: an edited note re-resolves only its own links; when the set of names changed (a note added,
+    removed or renamed, aliases edited), only the links that look up a name that now leads elsewhere.
+    Example: "[[Redis 缓存策略|cache policy]]" in another note gives "tech/Redis 缓存策略.md" ("cache policy",).
+    """
+
+    def __init__(self) -> None:
+        self.by_note: dict[str, tuple[str, ...]] = {}
+        self._resolver: LinkResolver | None = None  # the one the contributions below were resolved with
+        self._out: dict[str, tuple[str, ...]] = {}  # linking note -> the notes it gives anchors to
+        self._in: dict[str, dict[str, tuple[str, ...]]] = {}  # note -> {linking note: the texts it links with}
+        self._lookups: dict[str, set[str]] = {}  # resolver key -> linking notes whose links look it up
+        self._looked_up: dict[str, set[str]] = {}  # linking note -> the keys its links look up
+
+    def update(self, files: dict[str, FileRecord], resolver: LinkResolver, dirty: set[str]) -> list[str]:
+        """Bring the anchors up to date after the notes in `dirty` changed; returns the notes whose anchors changed."""
+        sources, affected = set(dirty), set(dirty)
+        if self._resolver is None:
+            sources.update(p for p, r in files.items() if r.links)
+            affected.update(self.by_note)
+        elif resolver is not self._resolver:
+            for key in self._resolver.changed_keys(resolver):
+                sources.update(self._lookups.get(key, ()))
+        self._resolver = resolver
+        for src in sources:
+            self._forget(src, affected)
+            rec = files.get(src)
+            if rec is None or rec.skipped or not rec.links:
+                continue
+            given: dict[str, list[str]] = {}
+            keys: set[str] = set()
+            for row in rec.links:
+                keys |= resolver.lookup_keys(row[0], src)
+                target = resolver.resolve(row[0], src).path if row[0] else None
+                if target is not None and target != src:
+                    given.setdefault(target, []).append((row[3] or posixpath.basename(row[0])).strip())
+            for target, texts in given.items():
+                self._in.setdefault(target, {})[src] = tuple(texts)
+            affected.update(given)
+            self._out[src] = tuple(given)
+            self._looked_up[src] = keys
+            for key in keys:
+                self._lookups.setdefault(key, set()).add(src)
+        changed = []
+        for target in affected:
+            new = self._texts(target, files.get(target))
+            if new != self.by_note.get(target, ()):
+                changed.append(target)
+                if new:
+                    self.by_note[target] = new
+                else:
+                    self.by_note.pop(target, None)
+        return changed
+
+    def _forget(self, src: str, affected: set[str]) -> None:
+        for target in self._out.pop(src, ()):
+            affected.add(target)
+            linking = self._in.get(target, {})
+            linking.pop(src, None)
+            if not linking:
+                self._in.pop(target, None)
+        for key in self._looked_up.pop(src, ()):
+            users = self._lookups.get(key)
+            if users is not None:
+                users.discard(src)
+                if not users:
+                    del self._lookups[key]
+
+    def _texts(self, target: str, rec: FileRecord | None) -> tuple[str, ...]:
+        linking = self._in.get(target)
+        if not linking or rec is None:
+            return ()
+        own = {_fold(posixpath.splitext(posixpath.basename(target))[0]), *(_fold(t) for t in (rec.title, *rec.aliases))}
+        counts: dict[str, list[Any]] = {}
+        for texts in linking.values():
+            for text in texts:
+                key = _fold(text)
+                if key and key not in own and key.removesuffix(".md") not in own:
+                    counts.setdefault(key, [0, text])[0] += 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return tuple(text for _, (_, text) in ranked[:MAX_ANCHORS])
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.casefold().split())
 
 
 class IndexView:
@@ -79,6 +182,10 @@ class IndexView:
         self._stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         self._meta_tokens: dict[str, list[str]] = {}
         self._graph: tuple[int, LinkGraph | None] = (-1, None)
+        self._resolver: LinkResolver | None = None  # dropped when a note comes, goes or changes its aliases
+        self.anchor_text = AnchorText()
+        self.anchor_weight = ANCHOR_TEXT_WEIGHT
+        self._links_dirty: set[str] = set()  # notes put since the anchors were last brought up to date
 
     @property
     def changed_since_save(self) -> bool:
@@ -89,9 +196,16 @@ class IndexView:
         with self.mutex:
             version, graph = self._graph
             if graph is None or version != self.version:
-                graph = build_link_graph(self.files)
+                graph = build_link_graph(self.files, self.resolver())
                 self._graph = (self.version, graph)
             return graph
+
+    def resolver(self) -> LinkResolver:
+        """The link resolver over the notes in the view (rebuilt only when the set of names changed)."""
+        with self.mutex:
+            if self._resolver is None:
+                self._resolver = make_resolver(self.files)
+            return self._resolver
 
     # ---- persistence ---------------------------------------------------------------------------------------------
 
@@ -112,6 +226,9 @@ class IndexView:
             self.content_ids = {}
             for cid, c in self.chunks.items():
                 self.content_ids.setdefault(c.content, set()).add(cid)
+            self.anchor_text = AnchorText()
+            self.anchor_text.by_note = dict(meta.get("anchors", {}))
+            self._resolver, self._links_dirty = None, set()
             self.version += 1
             self._saved_version = self.version
             self.tokenizer.set_user_terms(meta.get("user_terms", ()))
@@ -126,12 +243,14 @@ class IndexView:
                 "files": dict(self.files),
                 "chunks": dict(self.chunks),
                 "user_terms": sorted(self.tokenizer.user_terms),
+                "anchors": dict(self.anchor_text.by_note),
             }
             save_index(self.bm25, path, meta)
 
     def clear(self) -> None:
         with self.mutex:
             self.files, self.chunks, self.content_ids, self.bm25 = {}, {}, {}, BM25Index()
+            self.anchor_text, self._resolver, self._links_dirty = AnchorText(), None, set()
             self.version += 1
             self.tokenizer.set_user_terms(())
 
@@ -154,6 +273,9 @@ class IndexView:
         """Replace a note and its chunks (None: the note is gone)."""
         self.version += 1
         old = self.files.pop(path, None)
+        self._links_dirty.add(path)
+        if old is None or record is None or (old.aliases, bool(old.skipped)) != (record.aliases, bool(record.skipped)):
+            self._resolver = None  # the names links resolve to changed
         for cid in old.chunks if old else ():
             self.bm25.remove(cid)
             c = self.chunks.pop(cid, None)
@@ -172,14 +294,38 @@ class IndexView:
             self.bm25.add(c.id, self.tokens(c, record))
 
     def tokens(self, c: ChunkRecord, rec: FileRecord | None) -> list[str]:
-        """A chunk's BM25 tokens: its text, then its title, heading path, tags and aliases `metadata_weight` times."""
-        meta = " ".join([c.context, *(rec.tags if rec else ()), *(rec.aliases if rec else ())])
+        """A chunk's BM25 tokens: its text, then its title, heading path, tags and aliases `metadata_weight` times,
+        then the anchor text of links to its note ANCHOR_TEXT_WEIGHT times."""
+        meta = self._cached_tokens(" ".join([c.context, *(rec.tags if rec else ()), *(rec.aliases if rec else ())]))
+        anchors = self.anchor_text.by_note.get(c.path)
+        extra = self._cached_tokens(" ".join(anchors)) * self.anchor_weight if anchors else []
+        return self.tokenizer.tokenize(c.text) + meta * self.metadata_weight + extra
+
+    def _cached_tokens(self, meta: str) -> list[str]:
         meta_tokens = self._meta_tokens.get(meta)
         if meta_tokens is None:  # every chunk of a section repeats its title, heading path and tags: tokenize once
             if len(self._meta_tokens) > META_TOKEN_CACHE:
                 self._meta_tokens.clear()
             meta_tokens = self._meta_tokens[meta] = self.tokenizer.tokenize(meta)
-        return self.tokenizer.tokenize(c.text) + meta_tokens * self.metadata_weight
+        return meta_tokens
+
+    def refresh_anchors(self) -> int:
+        """Bring anchor text up to date after notes were put; re-tokenize the chunks of notes whose anchors changed
+        (a link added, edited or gone, or a note that now takes a name over). Returns how many notes."""
+        dirty, self._links_dirty = self._links_dirty, set()
+        if self.anchor_weight <= 0:
+            return 0
+        if not self.anchor_text.by_note and not any(r.links for r in self.files.values()):
+            self.anchor_text = AnchorText()  # no links anywhere (~2 ms at 9,000 notes): nothing to resolve or keep
+            return 0
+        changed = self.anchor_text.update(self.files, self.resolver(), dirty)
+        for path in changed:
+            rec = self.files.get(path)
+            for cid in rec.chunks if rec else ():
+                c = self.chunks.get(cid)
+                if c is not None:
+                    self.bm25.add(cid, self.tokens(c, rec))
+        return len(changed)
 
     def refresh_user_terms(self, adding: Iterable[FileRecord] = ()) -> None:
         """Vault titles, aliases and tags become single jieba tokens; re-tokenize only the chunks they occur in.

@@ -482,7 +482,7 @@ class KnowledgeBase:
         from kb_state import decode_note
 
         self.ensure_fresh()
-        resolver = self.engine.view.link_graph().resolver
+        resolver = self.engine.view.resolver()
 
         def read(rel: str) -> str | None:
             try:
@@ -846,7 +846,13 @@ def build_server(kb: KnowledgeBase) -> Any:
     @server.tool(annotations=read_only)
     def search_my_knowledge_base(
         query: Annotated[
-            str, Field(description="What to look for: a question or keywords, any language", min_length=1, max_length=2000)
+            str,
+            Field(
+                description="What to look for: a question or keywords, any language. A [[Note name]] in it puts that "
+                "note's best-matching passages first, e.g. '[[Homelab]] backup schedule'",
+                min_length=1,
+                max_length=2000,
+            ),
         ],
         top_k: Annotated[int | None, Field(description="Hits to return (default from config, usually 5)", ge=1, le=50)] = None,
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'projects/'")] = None,

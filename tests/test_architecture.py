@@ -45,7 +45,17 @@ ALLOWED = {
         "kb_links",
     },
     "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
-    "kb_search": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_graph"},
+    "kb_search": {
+        "kb_config",
+        "kb_scan",
+        "kb_text",
+        "kb_state",
+        "bm25_index",
+        "kb_vectors",
+        "kb_engine",
+        "kb_graph",
+        "kb_links",
+    },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {

@@ -130,3 +130,17 @@ def test_bench_refuses_mcp_flags_in_the_wrong_mode(tmp_path, flags):
         cwd=REPO_ROOT,
     )
     assert proc.returncode == 2 and "--mcp" in proc.stderr
+
+
+def test_bench_links_times_each_case_and_checks_incremental_against_fresh():
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "eval" / "bench_links.py"), "--notes", "60", "--links-per-note", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["notes"] == 60 and result["links"] == 180 and result["incremental_equals_fresh"] == 1.0
+    for key in ("resolver_build_ms", "first_build_ms", "edit_p50_ms", "new_note_p50_ms", "takeover_ms"):
+        assert result[key] >= 0, key
