@@ -249,6 +249,13 @@ def test_search_abstains_on_off_topic_query(shared):
     assert "Nothing relevant" in result.content[0].text
 
 
+def test_search_puts_a_linked_note_first_and_says_where_the_link_leads(shared):
+    result = shared.ok("search_my_knowledge_base", {"query": "[[Homelab]] what runs every night"})
+    data, text = result.structured_content, result.content[0].text
+    assert data["hits"][0]["path"] == "projects/homelab/Homelab.md"
+    assert "[[Homelab]] is projects/homelab/Homelab.md" in text
+
+
 def test_search_sees_edit_on_disk_without_restart(shared):
     note = shared.vault / "daily" / "2026-03-05.md"
     with note.open("a", encoding="utf-8") as f:
