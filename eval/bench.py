@@ -711,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --mcp and --kb-dir: start from the index of --kb-dir already built in this data_dir (copied, never "
         "written), instead of indexing the copy from scratch",
     )
+    parser.add_argument(
+        "--model",
+        help="with --mcp: the server's embedding.model (default: the config default), e.g. use-multilingual; with "
+        "--data-dir, the model that index was built with",
+    )
     args = parser.parse_args(argv)
     if args.synthetic is not None and args.synthetic < 1:
         parser.error("--synthetic needs at least 1 note")
@@ -718,8 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat needs at least 1")
     if args.mcp and args.fake_embedder:
         parser.error("--mcp times the server with its real model; leave out --fake-embedder")
-    if not args.mcp and (args.busy or args.data_dir or args.mode != "hybrid"):
-        parser.error("--busy, --mode and --data-dir go with --mcp")
+    if not args.mcp and (args.busy or args.data_dir or args.model or args.mode != "hybrid"):
+        parser.error("--busy, --mode, --model and --data-dir go with --mcp")
     setup_logging(default="WARNING")
     temp = args.out_dir is None
     out_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) if temp else args.out_dir.expanduser().resolve()

@@ -25,6 +25,7 @@ import anyio
 from bench import QUERIES, REPO_ROOT, Metric, _p95, _say, prepare_vault
 
 from kb_config import KBError, load_config
+from kb_vectors import HASH_MODEL_NAME
 
 # Server launches timed to initialize and the first answer (the last session then runs the searches and edits).
 DEFAULT_STARTS = 3
@@ -51,15 +52,17 @@ def _server_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("KB_")}  # only the bench's config counts
 
 
-def write_config(out_dir: Path, vault: Path, mode: str) -> Path:
-    """The server's config file: the vault copy, an index folder in out_dir, the search mode to time."""
+def write_config(out_dir: Path, vault: Path, mode: str, model: str | None = None) -> Path:
+    """The server's config file: the vault copy, an index folder in out_dir, the search mode to time (and model)."""
     config = out_dir / "server.yaml"
-    settings = {
+    settings: dict[str, Any] = {
         "kb_dir": str(vault),
         "data_dir": str(out_dir / "data"),
         "search": {"mode": mode},
         "server": {"log_level": "INFO"},
     }
+    if model:
+        settings["embedding"] = {"model": model}
     config.write_text(json.dumps(settings), encoding="utf-8")  # JSON is YAML
     return config
 
@@ -245,7 +248,7 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
     vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
     _say(f"vault: {vault} ({source})")
     mode = args.mode
-    config = write_config(out_dir, vault, mode)
+    config = write_config(out_dir, vault, mode, getattr(args, "model", None))
     log = out_dir / "server.log"
     log.unlink(missing_ok=True)
     if args.data_dir is not None and args.kb_dir is not None:
@@ -304,7 +307,7 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
         "notes": status.get("notes"),
         "chunks": status.get("chunks"),
         "embedder": cfg.embed_model,
-        "fake_embedder": False,
+        "fake_embedder": cfg.embed_model == HASH_MODEL_NAME,
         "mode": mode,
         "starts": starts,
         "busy": bool(args.busy),

@@ -104,11 +104,14 @@ def test_bench_copies_kb_dir_and_never_writes_into_it(tmp_path):
 def test_bench_mcp_mode_times_launch_searches_and_every_edit_kind_quiet_and_busy(tmp_path):
     out = tmp_path / "bench-mcp"
     args = ["--mcp", "--busy", "--synthetic", "12", "--mode", "keyword", "--repeat", "1", "--json", "--out-dir", str(out)]
+    args += ["--model", "use-multilingual"]  # the server's model (no torch): what the 100k-chunk row runs with
     proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(proc.stdout)
     value = {k: m["value"] for k, m in data["metrics"].items()}
     assert data["env"]["notes"] == 12 and data["env"]["busy"] is True and data["env"]["mode"] == "keyword"
+    assert data["env"]["embedder"] == "use-multilingual"
+    assert json.loads((out / "server.yaml").read_text())["embedding"]["model"] == "use-multilingual"
     for suffix in ("", "_busy"):
         assert 0 < value[f"mcp_initialize_ms{suffix}"] <= value[f"mcp_first_answer_ms{suffix}"]
         assert value[f"mcp_first_answer_mode{suffix}"] == "keyword"
@@ -120,7 +123,9 @@ def test_bench_mcp_mode_times_launch_searches_and_every_edit_kind_quiet_and_busy
     assert (out / "vault").is_dir() and (out / "server.log").is_file()
 
 
-@pytest.mark.parametrize("flags", [["--busy"], ["--data-dir", "/tmp"], ["--mcp", "--fake-embedder"]])
+@pytest.mark.parametrize(
+    "flags", [["--busy"], ["--data-dir", "/tmp"], ["--model", "use-multilingual"], ["--mcp", "--fake-embedder"]]
+)
 def test_bench_refuses_mcp_flags_in_the_wrong_mode(tmp_path, flags):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--synthetic", "5", *flags, "--out-dir", str(tmp_path / "x")],
