@@ -63,6 +63,14 @@ SEPARATE_MODEL_LISTS = True
 # With several models, split search.semantic_weight between their lists instead of giving each the full weight.
 SPLIT_SEMANTIC_WEIGHT = False
 
+# Cross-lingual list (hybrid mode): a multilingual model's best chunks in the other language than the query's (a
+# Chinese question's English notes and the reverse), fused with this weight (times search.semantic_weight; 0 turns it
+# off). Same-language text scores higher with every model, so without it an English question's Chinese notes rarely
+# reach the top. Semantic mode keeps each model's own ranking. Measured on both golden sets in docs/retrieval.md.
+CROSS_LINGUAL_WEIGHT = 0.5
+# That list is drawn from this many times the usual candidates of the model's own ranking.
+CROSS_LINGUAL_POOL = 8
+
 # At most this many chunks of one note in the results, so one long note does not crowd out the rest.
 MAX_CHUNKS_PER_NOTE = 2
 # Latin words of a query (what an English-only model is given from a mostly Chinese query).
@@ -83,6 +91,7 @@ class _SemanticList:
     trusted: bool  # False: an English-only model given a Chinese query's Latin words only
     hits: list[tuple[str, float]]
     pool: int  # chunks the list was ranked from
+    cross: bool = False  # only chunks in the other language than the query's (see CROSS_LINGUAL_WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -194,9 +203,11 @@ class Searcher:
         if paths is not None and not paths:
             return [_SemanticList(q, trusted, [], 0) for q, trusted in queries]
         out: list[_SemanticList] = []
+        query_cjk = cjk_share(query) >= CJK_QUERY_SHARE
         for q, trusted in queries:
+            cross = mode == "hybrid" and CROSS_LINGUAL_WEIGHT > 0 and trusted and not is_english_only(q.model)
             try:
-                found = engine.vectors.query(q.vector, n, paths)
+                found = engine.vectors.query(q.vector, n * CROSS_LINGUAL_POOL if cross else n, paths)
             except Exception as e:  # a store another process is rewriting: degrade to keyword for this search
                 logger.warning("vector query failed: %s", e)
                 notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
@@ -205,7 +216,10 @@ class Searcher:
                 hits = [
                     (cid, float(cos) * q.scale) for cid, cos in found if cid in engine.chunks and (accept is None or accept(cid))
                 ]
-            out.append(_SemanticList(q, trusted, hits, pool))
+                other = [h for h in hits if (cjk_share(engine.chunks[h[0]].text) >= CJK_QUERY_SHARE) != query_cjk]
+            out.append(_SemanticList(q, trusted, hits[:n], pool))
+            if cross and other:
+                out.append(_SemanticList(q, trusted, other[:n], pool, cross=True))
         return out
 
     def _cosines(self, lists: Sequence[_SemanticList], ids: list[str]) -> list[dict[str, float]]:
@@ -336,9 +350,10 @@ class Searcher:
             head = [cid for cid, _ in fused[:n]]
             coverage = self._coverage(tokens, head)
             named = bool(linked) and bool(head) and engine.chunks[head[0]].path in linked
-        cosines = self._cosines(lists, head)
+        lists_by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
+        cosines = self._cosines(lists_by_model, head)
         closest: list[str] = []
-        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists, cosines):
+        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists_by_model, cosines):
             with engine.mutex:  # abstain, but name the nearest notes as low-confidence pointers
                 closest = list(dict.fromkeys(engine.chunks[cid].path for cid in head if cid in engine.chunks))
             fused = []
@@ -436,14 +451,15 @@ class Searcher:
     ) -> list[tuple[str, float]]:
         if mode == "keyword":
             return kw
+        models = [sl for sl in lists if not sl.cross]
         if mode == "semantic" and len(lists) == 1:
             return lists[0].hits
         ranked: list[tuple[float, list[tuple[str, float]]]] = (
             [] if mode == "semantic" else [(self.cfg.keyword_weight * kw_trust, kw)]
         )
-        share = 1.0 / len(lists) if SPLIT_SEMANTIC_WEIGHT and lists else 1.0
+        share = 1.0 / len(models) if SPLIT_SEMANTIC_WEIGHT and models else 1.0
         for sl in lists:
-            trust = 1.0 if sl.trusted else UNTRUSTED_SEMANTIC_WEIGHT
+            trust = CROSS_LINGUAL_WEIGHT if sl.cross else 1.0 if sl.trusted else UNTRUSTED_SEMANTIC_WEIGHT
             ranked.append((self.cfg.semantic_weight * trust * share, sl.hits))
         k, scores = self.cfg.rrf_k, {}
         for weight, hits in ranked:

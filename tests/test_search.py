@@ -245,3 +245,27 @@ def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_eng
     engine.sync_all()
     searcher.search("what about topic9", mode="semantic")
     assert calls.count(40) == 1 and 41 not in calls  # one more chunk (2.5%) keeps the sample
+
+
+def _cross_lingual_vault(root):
+    vault = root / "xl"
+    vault.mkdir()
+    for i in range(8):  # English notes with every word of the query: above the Chinese note in both lists
+        (vault / f"en{i}.md").write_text(f"# Release {i}\n\nkubectl rollout undo deployment batch {i}\n", encoding="utf-8")
+    (vault / "回滚.md").write_text("# 回滚\n\n发布失败时把 deployment 回滚到上一个版本。\n", encoding="utf-8")
+    return vault
+
+
+@pytest.mark.parametrize(("weight", "found"), [(kb_search.CROSS_LINGUAL_WEIGHT, True), (0.0, False)])
+def test_a_question_reaches_the_note_in_the_other_language_through_the_cross_lingual_list(
+    tmp_path, make_engine, monkeypatch, weight, found
+):
+    monkeypatch.setattr(kb_search, "CROSS_LINGUAL_WEIGHT", weight)
+    engine = make_engine(_cross_lingual_vault(tmp_path), HashEmbedder())
+    engine.sync_all()
+    searcher = Searcher(engine)
+    result = searcher.search("kubectl rollout undo deployment", mode="hybrid", top_k=5)
+    assert ("回滚.md" in [h.path for h in result.hits]) is found
+    assert len(result.hits) == 5 and len({h.path for h in result.hits}) == 5
+    semantic = searcher.search("kubectl rollout undo deployment", mode="semantic", top_k=5)  # the model's own ranking
+    assert "回滚.md" not in [h.path for h in semantic.hits]
