@@ -70,6 +70,8 @@ SPLIT_SEMANTIC_WEIGHT = False
 CROSS_LINGUAL_WEIGHT = 0.5
 # That list is drawn from this many times the usual candidates of the model's own ranking.
 CROSS_LINGUAL_POOL = 8
+# Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
+CJK_CACHE_CHUNKS = 500_000
 
 # At most this many chunks of one note in the results, so one long note does not crowd out the rest.
 MAX_CHUNKS_PER_NOTE = 2
@@ -160,6 +162,7 @@ class Searcher:
         self._rerank_lock = threading.Lock()
         self._background: tuple[tuple[str, int], tuple[list[str], np.ndarray] | None] | None = None
         self._background_lock = threading.Lock()
+        self._chunk_cjk: dict[str, bool] = {}
 
     def warm_up(self) -> None:
         """Read the relevance gate's background sample now (~0.1 s at 15,000 chunks), not in the first search."""
@@ -216,11 +219,20 @@ class Searcher:
                 hits = [
                     (cid, float(cos) * q.scale) for cid, cos in found if cid in engine.chunks and (accept is None or accept(cid))
                 ]
-                other = [h for h in hits if (cjk_share(engine.chunks[h[0]].text) >= CJK_QUERY_SHARE) != query_cjk]
+                other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if cross else []
             out.append(_SemanticList(q, trusted, hits[:n], pool))
-            if cross and other:
-                out.append(_SemanticList(q, trusted, other[:n], pool, cross=True))
+            if other:
+                out.append(_SemanticList(q, trusted, other, pool, cross=True))
         return out
+
+    def _is_cjk(self, chunk_id: str) -> bool:
+        """Whether a chunk is mostly Chinese (cached: a chunk id names its text)."""
+        known = self._chunk_cjk.get(chunk_id)
+        if known is None:
+            if len(self._chunk_cjk) > CJK_CACHE_CHUNKS:
+                self._chunk_cjk.clear()
+            known = self._chunk_cjk[chunk_id] = cjk_share(self.engine.chunks[chunk_id].text) >= CJK_QUERY_SHARE
+        return known
 
     def _cosines(self, lists: Sequence[_SemanticList], ids: list[str]) -> list[dict[str, float]]:
         """Each model's cosine for each of `ids` (from its ranked list, else from the stored vectors)."""
