@@ -170,7 +170,16 @@ def test_every_env_var_is_documented():
 
 
 @pytest.mark.parametrize(
-    "script", ["ingest.py", "mcp_server.py", "watcher.py", "eval/run_eval.py", "eval/bench.py", "eval/bench_store.py"]
+    "script",
+    [
+        "ingest.py",
+        "mcp_server.py",
+        "watcher.py",
+        "eval/run_eval.py",
+        "eval/bench.py",
+        "eval/bench_store.py",
+        "eval/bench_links.py",
+    ],
 )
 def test_every_cli_flag_is_documented(script):
     out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120)
