@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -61,6 +62,27 @@ def make_engine(tmp_path: Path) -> Callable[..., object]:
         return Engine(cfg, embedder or HashEmbedder())
 
     return build
+
+
+def write_note(vault: Path, rel: str, text: str) -> None:
+    """Write a note at `rel` inside `vault`, creating its folders."""
+    (vault / rel).parent.mkdir(parents=True, exist_ok=True)
+    (vault / rel).write_text(text, encoding="utf-8")
+
+
+# How often wait_until checks its condition.
+POLL_S = 0.02
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout_s` passes (False): for what happens asynchronously, such as a
+    file event reaching the server."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(POLL_S)
+    return False
 
 
 # A hostile input must be handled within this many seconds; a regression (quadratic parsing) runs into it.

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+from kb_fixtures import write_note
 
 from kb_links import split_query_links
 from kb_search import Searcher
@@ -17,19 +18,14 @@ from kb_vectors import HashEmbedder
 from kb_view import MAX_ANCHORS
 
 
-def _write(vault: Path, rel: str, text: str) -> None:
-    (vault / rel).parent.mkdir(parents=True, exist_ok=True)
-    (vault / rel).write_text(text, encoding="utf-8")
-
-
 @pytest.fixture
 def vault(tmp_path: Path) -> Path:
     v = tmp_path / "v"
-    _write(v, "ops/Kubernetes 故障排查手册.md", "# Kubernetes 故障排查手册\n\nCrashLoopBackOff: read the previous logs.\n")
-    _write(v, "index.md", "# Index\n\nOn call, open [[Kubernetes 故障排查手册|k8s runbook]] first.\n")
-    _write(v, "other.md", "# Other\n\nThe garden needs water on Friday.\n")
+    write_note(v, "ops/Kubernetes 故障排查手册.md", "# Kubernetes 故障排查手册\n\nCrashLoopBackOff: read the previous logs.\n")
+    write_note(v, "index.md", "# Index\n\nOn call, open [[Kubernetes 故障排查手册|k8s runbook]] first.\n")
+    write_note(v, "other.md", "# Other\n\nThe garden needs water on Friday.\n")
     for i, topic in enumerate(["sourdough starter", "tax return", "bike chain", "piano scales", "tent poles"]):
-        _write(v, f"misc/{i}.md", f"# Misc {i}\n\nA note about the {topic}.\n")  # a background for the word weights
+        write_note(v, f"misc/{i}.md", f"# Misc {i}\n\nA note about the {topic}.\n")  # a background for the word weights
     return v
 
 
@@ -59,7 +55,7 @@ def test_anchor_text_follows_edits_deletions_and_renames(vault, make_engine):
     searcher = Searcher(engine)
     target = "ops/Kubernetes 故障排查手册.md"
 
-    _write(vault, "index.md", "# Index\n\nOn call, open [[Kubernetes 故障排查手册|pod triage guide]] first.\n")
+    write_note(vault, "index.md", "# Index\n\nOn call, open [[Kubernetes 故障排查手册|pod triage guide]] first.\n")
     engine.sync_all()
     assert target not in _paths(searcher, "k8s runbook")
     assert target in _paths(searcher, "pod triage guide")
@@ -69,7 +65,7 @@ def test_anchor_text_follows_edits_deletions_and_renames(vault, make_engine):
     assert engine.view.anchor_text.by_note == {}
     assert _paths(searcher, "pod triage guide") == []
 
-    _write(vault, "index.md", "# Index\n\n[[Kubernetes 故障排查手册|k8s runbook]]\n")
+    write_note(vault, "index.md", "# Index\n\n[[Kubernetes 故障排查手册|k8s runbook]]\n")
     (vault / "ops" / "Kubernetes 故障排查手册.md").rename(vault / "ops" / "runbook.md")  # the link now leads nowhere
     engine.sync_all()
     assert engine.view.anchor_text.by_note == {}
@@ -77,11 +73,11 @@ def test_anchor_text_follows_edits_deletions_and_renames(vault, make_engine):
 
 def test_a_new_note_that_takes_over_a_name_takes_its_anchors(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "a.md", "# A\n\nsee [[Later|the quokka plan]]\n")
+    write_note(vault, "a.md", "# A\n\nsee [[Later|the quokka plan]]\n")
     engine = make_engine(vault, HashEmbedder())
     engine.sync_all()
     assert engine.view.anchor_text.by_note == {}
-    _write(vault, "x/Later.md", "# Later\n\nnothing about marsupials here\n")
+    write_note(vault, "x/Later.md", "# Later\n\nnothing about marsupials here\n")
     engine.sync_all()
     assert engine.view.anchor_text.by_note == {"x/Later.md": ("the quokka plan",)}
     assert "x/Later.md" in _paths(Searcher(engine), "quokka plan")
@@ -89,10 +85,10 @@ def test_a_new_note_that_takes_over_a_name_takes_its_anchors(tmp_path, make_engi
 
 def test_anchors_leave_out_what_the_note_says_of_itself_and_keep_the_most_used(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "Target.md", "---\naliases: [tgt]\n---\n# Target title\n")
+    write_note(vault, "Target.md", "---\naliases: [tgt]\n---\n# Target title\n")
     links = ["[[Target]]", "[[tgt]]", "[[Target|Target Title]]", "[[Target|popular]]", "[[Target|popular]]"]
     links += [f"[[Target|label{i:02d}]]" for i in range(MAX_ANCHORS + 5)]
-    _write(vault, "src.md", "# Src\n\n" + "\n".join(links) + "\n")
+    write_note(vault, "src.md", "# Src\n\n" + "\n".join(links) + "\n")
     engine = make_engine(vault, HashEmbedder())
     engine.sync_all()
     anchors = engine.view.anchor_text.by_note["Target.md"]
@@ -107,15 +103,15 @@ def test_incremental_anchors_equal_a_fresh_index_after_random_edits(tmp_path, ma
     targets = names + ["al0", "al1", "al2"]  # aliases some notes take, and links use
     present: dict[str, str] = {}
 
-    def write_note(name: str, folder: str | None = None) -> None:
+    def save(name: str, folder: str | None = None) -> None:
         rel = f"{folder}{name}.md" if folder is not None else present.get(name, f"{rng.choice(['', 'sub/'])}{name}.md")
         alias = f"---\naliases: [al{rng.randrange(3)}]\n---\n" if rng.random() < 0.3 else ""
         links = " ".join(f"[[{rng.choice(targets)}|w{rng.randrange(4)}]]" for _ in range(rng.randrange(4)))
-        _write(vault, rel, f"{alias}# {name}\n\n{links}\n")
+        write_note(vault, rel, f"{alias}# {name}\n\n{links}\n")
         present[name] = rel
 
     for name in names[:8]:
-        write_note(name)
+        save(name)
     engine = make_engine(vault, HashEmbedder(), data_dir=tmp_path / "data")
     engine.sync_all()
     for step in range(25):
@@ -124,10 +120,11 @@ def test_incremental_anchors_equal_a_fresh_index_after_random_edits(tmp_path, ma
         if name in present and roll < 0.25:
             (vault / present.pop(name)).unlink()
         elif name in present and roll < 0.4:  # moved to the other folder: same name, new path
-            (vault / present.pop(name)).unlink()
-            write_note(name, "" if "/" in present.get(name, "sub/") else "sub/")
+            old = present.pop(name)
+            (vault / old).unlink()
+            save(name, "" if "/" in old else "sub/")
         else:
-            write_note(name)
+            save(name)
         engine.sync_all()
         fresh = make_engine(vault, HashEmbedder(), data_dir=tmp_path / f"fresh{step}")
         fresh.sync_all()
@@ -166,7 +163,7 @@ def test_split_query_links_returns_words_and_targets(query, text, targets):
 
 
 def test_a_linked_note_comes_first_even_where_other_notes_match_the_words_better(vault, make_engine):
-    _write(vault, "logs.md", "# Logs\n\nprevious logs previous logs previous logs CrashLoopBackOff previous logs\n")
+    write_note(vault, "logs.md", "# Logs\n\nprevious logs previous logs previous logs CrashLoopBackOff previous logs\n")
     engine = make_engine(vault, HashEmbedder())
     engine.sync_all()
     searcher = Searcher(engine)

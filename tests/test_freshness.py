@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kb_fixtures import make_config
+from kb_fixtures import make_config, wait_until
 
 import kb_watch
 import mcp_server
@@ -25,13 +25,8 @@ from kb_vectors import HashEmbedder
 WAIT_S = 30.0
 
 
-def _until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
+def _until(predicate: Callable[[], object], timeout_s: float = WAIT_S) -> bool:
+    return wait_until(predicate, timeout_s)
 
 
 def _start(kb: mcp_server.KnowledgeBase) -> mcp_server.KnowledgeBase:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kb_fixtures import REPO_ROOT, make_config
+from kb_fixtures import REPO_ROOT, make_config, write_note
 
 import mcp_server
 from kb_config import KBError
@@ -18,23 +18,18 @@ WAIT_S = 30.0
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"
 
 
-def _write(vault: Path, rel: str, text: str) -> None:
-    (vault / rel).parent.mkdir(parents=True, exist_ok=True)
-    (vault / rel).write_text(text, encoding="utf-8")
-
-
 @pytest.fixture
 def vault(tmp_path: Path) -> Path:
     v = tmp_path / "v"
-    _write(
+    write_note(
         v,
         "projects/kestrel.md",
         "---\nstatus: active\nproject: [Kestrel]\n---\n# Kestrel\n\nSee [[Osprey]] for the rival plan.\n",
     )
-    _write(v, "projects/Osprey.md", "---\nstatus: paused\n---\n# Osprey\n\n## Plan\n\nShip the ledger.\n\n## Later\n\nmore\n")
-    _write(v, "daily/2026-03-02.md", "# Monday\n\nTalked about [[kestrel]] at standup.\n")
-    _write(v, "daily/2026-03-09.md", "# Monday\n\n![[Osprey#Plan]]\n\n![[loop]]\n")
-    _write(v, "loop.md", "# Loop\n\n![[2026-03-09]]\n")
+    write_note(v, "projects/Osprey.md", "---\nstatus: paused\n---\n# Osprey\n\n## Plan\n\nShip the ledger.\n\n## Later\n\nmore\n")
+    write_note(v, "daily/2026-03-02.md", "# Monday\n\nTalked about [[kestrel]] at standup.\n")
+    write_note(v, "daily/2026-03-09.md", "# Monday\n\n![[Osprey#Plan]]\n\n![[loop]]\n")
+    write_note(v, "loop.md", "# Loop\n\n![[2026-03-09]]\n")
     return v
 
 

@@ -17,14 +17,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
-from kb_fixtures import REPO_ROOT, SAMPLE_KB
+from kb_fixtures import REPO_ROOT, SAMPLE_KB, wait_until
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -185,14 +185,8 @@ def _paths(structured: dict[str, Any]) -> list[str]:
     return [h["path"] for h in structured["hits"]]
 
 
-def _until(predicate: Any, timeout_s: float = CALL_TIMEOUT_S) -> bool:
-    """Poll a condition (e.g. a file event reaching the server, which is asynchronous) until it holds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+def _until(predicate: Callable[[], object], timeout_s: float = CALL_TIMEOUT_S) -> bool:
+    return wait_until(predicate, timeout_s)
 
 
 # ---- tools and schemas --------------------------------------------------------------------------------------------

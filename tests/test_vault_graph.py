@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kb_fixtures import REPO_ROOT
+from kb_fixtures import REPO_ROOT, write_note
 
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"
 
@@ -22,16 +22,11 @@ def logseq_graph(tmp_path: Path) -> Path:
     return dest
 
 
-def _write(vault: Path, rel: str, text: str) -> None:
-    (vault / rel).parent.mkdir(parents=True, exist_ok=True)
-    (vault / rel).write_text(text, encoding="utf-8")
-
-
 def test_backlinks_follow_edits_renames_and_deletions(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "a.md", "# A\n\nSee [[B]] and [[B#Plan|the plan]].\n")
-    _write(vault, "notes/B.md", "# B\n\n## Plan\n\nShip it.\n")
-    _write(vault, "c.md", "# C\n\nAlso [b](notes/B.md).\n")
+    write_note(vault, "a.md", "# A\n\nSee [[B]] and [[B#Plan|the plan]].\n")
+    write_note(vault, "notes/B.md", "# B\n\n## Plan\n\nShip it.\n")
+    write_note(vault, "c.md", "# C\n\nAlso [b](notes/B.md).\n")
     engine = make_engine(vault)
     engine.sync_all()
 
@@ -39,7 +34,7 @@ def test_backlinks_follow_edits_renames_and_deletions(tmp_path, make_engine):
     assert sorted(src for src, _ in graph.backlinks["notes/B.md"]) == ["a.md", "a.md", "c.md"]
     assert [(row[1], row[3]) for row, _ in graph.outgoing["a.md"]] == [("", ""), ("Plan", "the plan")]
 
-    _write(vault, "a.md", "# A\n\nNo links now.\n")  # an edit re-derives only a.md's links
+    write_note(vault, "a.md", "# A\n\nNo links now.\n")  # an edit re-derives only a.md's links
     engine.sync_all()
     assert [src for src, _ in engine.view.link_graph().backlinks["notes/B.md"]] == ["c.md"]
 
@@ -57,12 +52,12 @@ def test_backlinks_follow_edits_renames_and_deletions(tmp_path, make_engine):
 
 def test_a_new_note_takes_over_an_unresolved_name(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "a.md", "# A\n\n[[Later]]\n")
+    write_note(vault, "a.md", "# A\n\n[[Later]]\n")
     engine = make_engine(vault)
     engine.sync_all()
     assert "a.md" in engine.view.link_graph().unresolved
 
-    _write(vault, "x/Later.md", "# Later\n")
+    write_note(vault, "x/Later.md", "# Later\n")
     engine.sync_all()
 
     graph = engine.view.link_graph()
@@ -71,9 +66,9 @@ def test_a_new_note_takes_over_an_unresolved_name(tmp_path, make_engine):
 
 def test_ambiguous_names_are_reported_with_their_notes(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "a/Note.md", "# one\n")
-    _write(vault, "b/c/Note.md", "# two\n")
-    _write(vault, "x.md", "[[Note]]\n")
+    write_note(vault, "a/Note.md", "# one\n")
+    write_note(vault, "b/c/Note.md", "# two\n")
+    write_note(vault, "x.md", "[[Note]]\n")
     engine = make_engine(vault)
     engine.sync_all()
 
@@ -93,8 +88,8 @@ def test_sample_vault_links_resolve_to_its_notes(sample_vault, make_engine):
 
 def test_properties_and_journal_dates_reach_the_index(tmp_path, make_engine):
     vault = tmp_path / "v"
-    _write(vault, "p.md", "---\nstatus: active\nproject: [Kestrel, Osprey]\ndue: 2026-04-01\n---\n# P\n\nbody\n")
-    _write(vault, "daily/2026-03-02.md", "# Monday\n\nstandup\n")
+    write_note(vault, "p.md", "---\nstatus: active\nproject: [Kestrel, Osprey]\ndue: 2026-04-01\n---\n# P\n\nbody\n")
+    write_note(vault, "daily/2026-03-02.md", "# Monday\n\nstandup\n")
     engine = make_engine(vault)
     engine.sync_all()
 

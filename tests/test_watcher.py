@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from kb_fixtures import wait_until
 
 import kb_watch
 import watcher
@@ -24,13 +25,8 @@ def _event(kind: str, src: str, dest: str = "", is_dir: bool = False) -> SimpleN
     return SimpleNamespace(event_type=kind, src_path=src, dest_path=dest, is_directory=is_dir)
 
 
-def _until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+def _until(predicate: Callable[[], object], timeout_s: float = WAIT_S) -> bool:
+    return wait_until(predicate, timeout_s)
 
 
 def test_collector_waits_for_quiet_before_returning_changes(tmp_path):
