@@ -252,32 +252,39 @@ class LinkResolver:
         """File names (lower-cased stems) shared by several notes, each with its notes, shortest path first."""
         return {n: tuple(ps) for n, ps in self._names.items() if len(ps) > 1 and "." not in n}
 
-    def _exact(self, key: str) -> str | None:
+    def _exact(self, key: str, seen: set[str]) -> str | None:
+        seen.update((key, _strip_note_ext(key)))
         return self._paths.get(key) or self._paths.get(_strip_note_ext(key))
 
-    def resolve(self, target: str, from_path: str = "") -> Resolution:
+    def resolve(self, target: str, from_path: str = "", consulted: set[str] | None = None) -> Resolution:
         """The note `target` (a Link's target) leads to from the note at `from_path`; Resolution(None) if none.
 
-        An empty target (a link into the linking note itself, "[[#Heading]]") resolves to `from_path`.
+        An empty target (a link into the linking note itself, "[[#Heading]]") resolves to `from_path`. `consulted`,
+        if given, receives every key looked up: the answer can change only if one of them does (see changed_keys).
         """
+        seen = consulted if consulted is not None else set()
         raw = target.strip().replace("\\", "/")
         if not raw:
             return Resolution(from_path or None)
         from_dir = posixpath.dirname(from_path)
         if raw.startswith(("./", "../")):  # explicitly relative: nothing else
             rel = posixpath.normpath(posixpath.join(from_dir, raw))
-            return Resolution(None if rel.startswith("../") or rel == ".." else self._exact(_key(rel)))
+            if rel.startswith("../") or rel == "..":
+                return Resolution(None)
+            return Resolution(self._exact(_key(rel), seen))
         key = _key(raw.lstrip("/"))
         if "/" in key:
             rel = posixpath.normpath(posixpath.join(from_dir, key))
-            hit = (None if rel.startswith("../") else self._exact(rel)) or self._exact(key)
+            hit = (None if rel.startswith("../") else self._exact(rel, seen)) or self._exact(key, seen)
             if hit:
                 return Resolution(hit)
+        seen.update((key, _strip_note_ext(key)))  # what names, aliases and journal titles are looked up by
         for table in (self._names, None, self._aliases, self._journals):
             if table is None:  # a partial path: notes whose path ends with it
                 if "/" not in key:
                     continue
                 tail = _strip_note_ext(key)
+                seen.add(posixpath.basename(tail))
                 candidates = [
                     p for p in self._names.get(posixpath.basename(tail), []) if _strip_note_ext(_key(p)).endswith("/" + tail)
                 ]
@@ -286,22 +293,6 @@ class LinkResolver:
             if candidates:
                 return _pick(candidates, from_dir)
         return Resolution(None)
-
-    def lookup_keys(self, target: str, from_path: str = "") -> set[str]:
-        """The keys `resolve(target, from_path)` may look up: its answer changes only if one of them changes."""
-        raw = target.strip().replace("\\", "/")
-        if not raw:
-            return set()
-        from_dir = posixpath.dirname(from_path)
-        if raw.startswith(("./", "../")):
-            rel = _key(posixpath.normpath(posixpath.join(from_dir, raw)))
-            return {rel, _strip_note_ext(rel)}
-        key = _key(raw.lstrip("/"))
-        keys = {key, _strip_note_ext(key)}
-        if "/" in key:
-            rel = posixpath.normpath(posixpath.join(from_dir, key))
-            keys.update((rel, _strip_note_ext(rel), posixpath.basename(_strip_note_ext(key))))
-        return keys
 
     def changed_keys(self, other: LinkResolver) -> set[str]:
         """Keys that lead to other notes in `other` than here (a note came, went or changed its aliases)."""
