@@ -74,6 +74,11 @@ _LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:\+\+|#)?")
 _COMPOUND_RE = re.compile(r"(?<![a-z0-9])[a-z0-9]++(?:[._\-/:][a-z0-9]++)+")
 _SYMBOL_RE = re.compile(f"[^\\s{_CJK}A-Za-z0-9_]")
 _WORD_RE = re.compile(r"[A-Za-z0-9_]+")
+# Code in a note's text (fenced blocks, inline spans): not prose when judging its language.
+_CODE_RE = re.compile(r"```.*?(?:```|$)|`[^`\n]*`", re.S)
+# Latin words (letters only: numbers and identifiers' digits are no language).
+_LATIN_LETTERS_RE = re.compile(r"[A-Za-z]+")
+_PROSE_RE = re.compile(f"[{_CJK}A-Za-z]")
 # ATX heading opener; the rest of the line is cut in _parse_heading (a lazy regex there was quadratic in spaces).
 _HEADING_OPEN_RE = re.compile(r" {0,3}(#{1,6})[ \t]")
 _FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
@@ -960,6 +965,16 @@ def vault_terms(names: Iterable[str]) -> frozenset[str]:
 
 
 def cjk_share(text: str) -> float:
-    """Share of CJK characters among the non-space characters of `text`."""
-    total = len(text) - text.count(" ") - text.count("\n")
-    return len(_CJK_RE.findall(text)) / total if total > 0 else 0.0
+    """How Chinese (or Japanese) `text` reads: CJK characters among its words, where each CJK character and each Latin
+    word counts once; code (fenced blocks, `spans`) is left out while prose remains.
+
+    Counting characters instead made a Chinese note full of commands read as English (a code line outweighs its
+    caption), and a short English word as long as several Chinese words.
+    Example: cjk_share("git reset --hard 和 --soft 有什么区别") -> 0.6
+    """
+    prose = _CODE_RE.sub(" ", text)
+    if not _PROSE_RE.search(prose):
+        prose = text
+    cjk = len(_CJK_RE.findall(prose))
+    words = cjk + len(_LATIN_LETTERS_RE.findall(prose))
+    return cjk / words if words else 0.0

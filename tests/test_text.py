@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import kb_text
-from kb_text import HEADING_SEP, Tokenizer, chunk_note, estimate_tokens, parse_frontmatter, vault_terms
+from kb_text import HEADING_SEP, Tokenizer, chunk_note, cjk_share, estimate_tokens, parse_frontmatter, vault_terms
 
 # A Chinese paragraph of 30 sentences on one line, ending in each of 。！？； in turn (~660 tokens).
 ZH_SENTENCES = [f"第{i}句话讲的是仓库库存同步方案的细节和问题{'。！？；'[i % 4]}" for i in range(30)]
@@ -405,3 +405,22 @@ def test_tokenize_with_jieba_writes_nothing_to_stdout(capfd: pytest.CaptureFixtu
     tk.tokenize("第一次分词会加载词典")
 
     assert capfd.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "chinese"),
+    [
+        # A Chinese note of commands: its code outweighs its captions in characters, not in words (half of tldr's
+        # Chinese pages read as English when characters were counted).
+        ("# tar\n\n- 创建归档:\n\n`tar cf {{path/to/target.tar}} {{path/to/file1 path/to/file2 ...}}`\n", True),
+        ("```bash\nkubectl rollout undo deployment/web --to-revision=3\n```\n回滚到上一个版本。\n", True),
+        ("git reset --hard 和 --soft 有什么区别", True),  # a mixed question is mostly Chinese words
+        ("How do I read the logs of a Docker container?", False),
+        ("What is 容器 in Docker, and how do I list every one of them?", False),  # one Chinese term
+        ("`kubectl get pods`", False),  # only code: judged on the code
+        ("", False),
+        ("12345 67", False),
+    ],
+)
+def test_cjk_share_reads_the_language_of_the_words_not_of_the_code(text: str, chinese: bool) -> None:
+    assert (cjk_share(text) >= 0.5) is chinese
