@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
 from kb_links import parse_links
@@ -146,6 +148,15 @@ class ChunkVectors:
             v = self._engine.store.vector(content_of(cid))
             if v is not None:
                 out[cid] = v.tolist()
+        return out
+
+    def matrix(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Stored vectors by chunk id as arrays (ids without a vector are absent): get_vectors without the lists."""
+        out: dict[str, np.ndarray] = {}
+        for cid in ids:
+            v = self._engine.store.vector(content_of(cid))
+            if v is not None:
+                out[cid] = v
         return out
 
     def count(self) -> int:

@@ -252,6 +252,11 @@ class LinkResolver:
         """File names (lower-cased stems) shared by several notes, each with its notes, shortest path first."""
         return {n: tuple(ps) for n, ps in self._names.items() if len(ps) > 1 and "." not in n}
 
+    def namesakes(self, path: str) -> tuple[str, ...]:
+        """The other notes with `path`'s file name (in other folders), shortest path first."""
+        stem = posixpath.splitext(posixpath.basename(_key(path)))[0]
+        return tuple(p for p in self._names.get(stem, ()) if p != path)
+
     def _exact(self, key: str, seen: set[str]) -> str | None:
         seen.update((key, _strip_note_ext(key)))
         return self._paths.get(key) or self._paths.get(_strip_note_ext(key))

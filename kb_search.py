@@ -25,7 +25,7 @@ from kb_engine import Engine
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import cjk_share
-from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only
+from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only, model_slots
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,22 @@ SPLIT_SEMANTIC_WEIGHT = False
 CROSS_LINGUAL_WEIGHT = 0.5
 # That list is drawn from this many times the usual candidates of the model's own ranking.
 CROSS_LINGUAL_POOL = 8
+# Hybrid mode: the lists of a model whose best cosine does not stand out from the vault's background (the relevance
+# gate's test, per model) are fused at this share of their weight: what a model finds for a query it cannot place is
+# noise, which must not outrank the one note holding a word just written (1 turns this off).
+QUIET_MODEL_WEIGHT = 0.5
 # Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
 CJK_CACHE_CHUNKS = 500_000
 
+# Translations (hybrid mode): a found note's passage in the other language (its translation, in a vault that keeps
+# notes in both) follows it. A candidate counts as the translation when a multilingual model puts it this many standard
+# deviations above the level the best of the vault's other-language chunks reaches by chance (as the relevance gate
+# judges the query; a negative value or no multilingual model turns this off).
+TRANSLATION_Z_MARGIN = 2.0
+# Only the first this many notes of the results bring their translation.
+TRANSLATION_HEAD_NOTES = 5
+# Candidates: each semantic list's first this many chunks' notes, and the head notes' namesakes (same file name).
+TRANSLATION_CANDIDATES = 10
 # At most this many chunks of one note in the results, so one long note does not crowd out the rest.
 MAX_CHUNKS_PER_NOTE = 2
 # Latin words of a query (what an English-only model is given from a mostly Chinese query).
@@ -354,7 +367,10 @@ class Searcher:
             with engine.mutex:
                 top_cov = max(self._coverage(tokens, [cid for cid, _ in kw[:KEYWORD_TRUST_PROBE]]).values(), default=0.0)
             kw_trust = min(1.0, top_cov / FULL_KEYWORD_COVERAGE)
-        fused = self._fuse(mode, kw, lists, kw_trust)
+        lists_by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
+        excess = {id(sl): self._cosine_excess(sl) for sl in lists_by_model if sl.hits}
+        quiet = {sl.part.model for sl in lists_by_model if excess.get(id(sl), -math.inf) < 0}
+        fused = self._fuse(mode, kw, lists, kw_trust, quiet)
         with engine.mutex:
             fused = [(cid, s) for cid, s in fused if cid in engine.chunks]
             if linked:
@@ -362,10 +378,9 @@ class Searcher:
             head = [cid for cid, _ in fused[:n]]
             coverage = self._coverage(tokens, head)
             named = bool(linked) and bool(head) and engine.chunks[head[0]].path in linked
-        lists_by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
         cosines = self._cosines(lists_by_model, head)
         closest: list[str] = []
-        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists_by_model, cosines):
+        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists_by_model, excess):
             with engine.mutex:  # abstain, but name the nearest notes as low-confidence pointers
                 closest = list(dict.fromkeys(engine.chunks[cid].path for cid in head if cid in engine.chunks))
             fused = []
@@ -374,6 +389,8 @@ class Searcher:
             if linked:  # the cross-encoder reads the words only: the named notes stay first
                 with engine.mutex:
                     fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
+        if mode == "hybrid" and fused and TRANSLATION_Z_MARGIN >= 0:
+            fused = self._with_translations(fused, lists)
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
             mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
@@ -387,6 +404,85 @@ class Searcher:
             closest=closest[:CLOSEST_ON_ABSTAIN],
             elapsed_ms=(time.perf_counter() - t0) * 1000,
         )
+
+    def _with_translations(self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList]) -> list[tuple[str, float]]:
+        """`fused` with each head note's translation (see TRANSLATION_Z_MARGIN) right after that note's first chunk.
+
+        Notes are compared whole (the mean of their chunks' vectors): two languages rarely chunk a text alike.
+        Candidates are the notes the semantic lists found and the notes that share a head note's file name.
+        """
+        model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
+        background = self._background_vectors()
+        if model is None or background is None:
+            return fused
+        engine = self.engine
+        slots, scale = model_slots(engine.embedder, model.part.model)
+        with engine.mutex:
+            head: dict[str, str] = {}  # note -> its first chunk in the results
+            for cid, _ in fused:
+                chunk = engine.chunks.get(cid)  # a sync may have removed it since the fusion
+                if chunk is None:
+                    continue
+                path = chunk.path
+                if path not in head:
+                    head[path] = cid
+                    if len(head) >= TRANSLATION_HEAD_NOTES:
+                        break
+            resolver = engine.view.resolver()
+            found = [
+                engine.chunks[cid].path for sl in lists for cid, _ in sl.hits[:TRANSLATION_CANDIDATES] if cid in engine.chunks
+            ]
+            namesakes = [other for path in head for other in resolver.namesakes(path)]
+            notes = [p for p in dict.fromkeys([*head, *found, *namesakes]) if p in engine.files]
+            chunks_of = {p: [c for c in engine.files[p].chunks if c in engine.chunks] for p in notes}
+            cjk = {p: self._is_cjk(chunks_of[p][0]) for p in notes if chunks_of[p]}
+            bg_ids = [cid for cid in background[0] if cid in engine.chunks]
+            bg_cjk = {cid: self._is_cjk(cid) for cid in bg_ids}
+            bg_path = {cid: engine.chunks[cid].path for cid in bg_ids}
+            total = len(engine.chunks)
+        stored = engine.vectors.matrix([c for p in cjk for c in chunks_of[p]])
+        means: dict[str, np.ndarray] = {}
+        for p in cjk:
+            rows = [stored[c] for c in chunks_of[p] if c in stored]
+            if rows:
+                m = np.asarray(rows, dtype=np.float32)[:, slots].mean(axis=0)
+                means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
+        bg_rows = {cid: i for i, cid in enumerate(background[0])}
+        translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
+        taken: set[str] = set()
+        for path, cid in head.items():
+            if path not in means or path in taken:  # a note pulled up as a translation brings no other
+                continue
+            others = [p for p in means if cjk[p] != cjk[path] and p not in taken]
+            if not others:
+                continue
+            x = means[path]
+            cos = np.asarray([means[p] for p in others]) @ x
+            best = int(np.argmax(cos))
+            pair = (path, others[best])  # the two notes judged are not their background
+            bg_other = [bg_rows[c] for c in bg_ids if bg_cjk[c] != cjk[path] and bg_path[c] not in pair]
+            if len(bg_other) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
+                bg_other = [bg_rows[c] for c in bg_ids if bg_path[c] not in pair]
+            if len(bg_other) < MIN_BACKGROUND:
+                continue
+            sims = background[1][bg_other][:, slots] @ x * math.sqrt(scale)
+            z = (float(cos[best]) - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
+            pool = round(total * len(bg_other) / max(len(bg_ids), 1))
+            if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
+                taken.update(pair)
+                if others[best] not in head:  # one already among the first notes keeps its place
+                    translation[cid] = chunks_of[others[best]][0]
+        if not translation:
+            return fused
+        moved = set(translation.values())
+        out: list[tuple[str, float]] = []
+        for cid, score in fused:
+            if cid in moved:
+                continue
+            out.append((cid, score))
+            if cid in translation:
+                out.append((translation[cid], score))
+        return out
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
@@ -459,7 +555,12 @@ class Searcher:
         return _Filter(self.engine.chunks, note)
 
     def _fuse(
-        self, mode: str, kw: list[tuple[str, float]], lists: Sequence[_SemanticList], kw_trust: float = 1.0
+        self,
+        mode: str,
+        kw: list[tuple[str, float]],
+        lists: Sequence[_SemanticList],
+        kw_trust: float = 1.0,
+        quiet: set[str] | frozenset[str] = frozenset(),
     ) -> list[tuple[str, float]]:
         if mode == "keyword":
             return kw
@@ -472,6 +573,8 @@ class Searcher:
         share = 1.0 / len(models) if SPLIT_SEMANTIC_WEIGHT and models else 1.0
         for sl in lists:
             trust = CROSS_LINGUAL_WEIGHT if sl.cross else 1.0 if sl.trusted else UNTRUSTED_SEMANTIC_WEIGHT
+            if sl.part.model in quiet and mode == "hybrid":
+                trust *= QUIET_MODEL_WEIGHT
             ranked.append((self.cfg.semantic_weight * trust * share, sl.hits))
         k, scores = self.cfg.rrf_k, {}
         for weight, hits in ranked:
@@ -479,22 +582,22 @@ class Searcher:
                 scores[cid] = scores.get(cid, 0.0) + weight / (k + rank)
         return sorted(scores.items(), key=lambda x: -x[1])
 
-    def _is_relevant(
-        self, mode: str, coverage: float, lists: Sequence[_SemanticList], cosines: Sequence[dict[str, float]]
-    ) -> bool:
+    def _cosine_excess(self, sl: _SemanticList) -> float:
+        """How far a model's best cosine stands above the level its best of `sl.pool` unrelated chunks reaches by chance,
+        in standard deviations of the vault's background, less search.gate_margin (>= 0: it found something)."""
+        z = self._cosine_z(sl, sl.hits[0][1])
+        return -math.inf if z is None else z - chance_z(sl.pool) - self.cfg.gate_margin
+
+    def _is_relevant(self, mode: str, coverage: float, lists: Sequence[_SemanticList], excess: dict[int, float]) -> bool:
         """The relevance gate: enough of the query's terms in one candidate, or the models' best cosines far enough
         above their chance level in this vault (see search.gate_margin), averaged over the models that read the whole
         query (a Chinese query's Latin words speak only where no model read it whole)."""
         keyword_ok = coverage >= MIN_KEYWORD_COVERAGE
         if mode == "keyword":
             return keyword_ok
-        judged = [(sl, cos) for sl, cos in zip(lists, cosines) if cos]
-        judged = [(sl, cos) for sl, cos in judged if sl.trusted] or judged
-        excess = []
-        for sl, cos in judged:
-            z = self._cosine_z(sl, max(cos.values()))
-            excess.append(-math.inf if z is None else z - chance_z(sl.pool) - self.cfg.gate_margin)
-        semantic_ok = bool(excess) and sum(excess) / len(excess) >= 0
+        judged = [sl for sl in lists if id(sl) in excess]
+        judged = [sl for sl in judged if sl.trusted] or judged
+        semantic_ok = bool(judged) and sum(excess[id(sl)] for sl in judged) / len(judged) >= 0
         if mode == "semantic":
             return semantic_ok
         return keyword_ok or semantic_ok

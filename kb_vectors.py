@@ -295,6 +295,19 @@ def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:
     return PartQuery(embedder.name, embedder.embed_query(text), 1.0)
 
 
+def model_slots(embedder: Embedder, model: str) -> tuple[slice, float]:
+    """Where model `model` sits in the store's vectors, and the factor that turns the dot product of two stored vectors'
+    slots into that model's cosine (a single model: the whole vector, 1)."""
+    if isinstance(embedder, MultiEmbedder):
+        dims = embedder.dims()
+        for i, part in enumerate(embedder.parts):
+            if part.name == model:
+                start = sum(dims[:i])
+                return slice(start, start + dims[i]), embedder.part_scale**2
+        raise ValueError(f"model '{model}' is not part of '{embedder.name}'")
+    return slice(None), 1.0
+
+
 class HashEmbedder:
     """Deterministic bag-of-tokens embedder (token hash -> bucket): fast, for tests and index-mechanics benchmarks.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import time
 from dataclasses import replace
@@ -269,3 +270,84 @@ def test_a_question_reaches_the_note_in_the_other_language_through_the_cross_lin
     assert len(result.hits) == 5 and len({h.path for h in result.hits}) == 5
     semantic = searcher.search("kubectl rollout undo deployment", mode="semantic", top_k=5)  # the model's own ranking
     assert "回滚.md" not in [h.path for h in semantic.hits]
+
+
+def _translated_vault(root, zh_commands: str):
+    """Forty other notes (the background), an English note and a Chinese note of the same file name with `zh_commands`
+    as its code."""
+    vault = root / "tr"
+    (vault / "en").mkdir(parents=True)
+    (vault / "zh").mkdir()
+    for i in range(40):
+        words = " ".join(f"topic{i}word{j}" for j in range(2 + i % 16))  # and two words of the query: above the Chinese note
+        (vault / f"note{i:02}.md").write_text(f"# Note {i}\n\nbroken release {i}: {words}\n", encoding="utf-8")
+    commands = "`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`"
+    (vault / "en" / "rollback.md").write_text(
+        f"# Roll back a release\n\nRoll back a broken release: {commands}\n", encoding="utf-8"
+    )
+    (vault / "zh" / "rollback.md").write_text(f"# 回滚\n\n发布失败时回滚到上一个版本：{zh_commands}\n", encoding="utf-8")
+    return vault
+
+
+@pytest.mark.parametrize(
+    ("zh_commands", "margin", "follows"),
+    [
+        # The Chinese note is the English one's translation (same commands): it follows it.
+        ("`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`", None, True),
+        ("`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`", -1.0, False),
+        ("`helm rollback web 3` `helm history web`", None, False),  # another text: not a translation
+    ],
+)
+def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engine, monkeypatch, zh_commands, margin, follows):
+    if margin is not None:  # a negative margin turns translations off
+        monkeypatch.setattr(kb_search, "TRANSLATION_Z_MARGIN", margin)
+    monkeypatch.setattr(kb_search, "CROSS_LINGUAL_WEIGHT", 0.0)  # no list finds the Chinese note: its name makes it a candidate
+    engine = make_engine(_translated_vault(tmp_path, zh_commands), HashEmbedder(name="multilingual-hash"))
+    engine.sync_all()
+    result = Searcher(engine).search("roll back a broken release", mode="hybrid", top_k=5)
+    paths = [h.path for h in result.hits]
+    assert paths[0] == "en/rollback.md"
+    assert (paths[1:2] == ["zh/rollback.md"]) is follows  # else forty notes with two words of the query come first
+    keyword = Searcher(engine).search("roll back a broken release", mode="keyword", top_k=5)  # hybrid mode only
+    assert "zh/rollback.md" not in [h.path for h in keyword.hits]
+
+
+class _Unplaced(HashEmbedder):
+    """A multilingual model that cannot place a query: each query gets a random direction (seeded by its text)."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=256, name="multilingual-hash")
+
+    def embed_query(self, text):
+        rng = random.Random(text)
+        v = [rng.gauss(0.0, 1.0) for _ in range(self.dim)]
+        norm = sum(x * x for x in v) ** 0.5
+        return [x / norm for x in v]
+
+
+def test_a_word_just_written_comes_first_though_the_models_find_nothing_for_it(tmp_path, make_engine, monkeypatch):
+    """A unique word is a keyword match the models cannot place (their best cosine does not stand out): their lists
+    are noise and are fused at QUIET_MODEL_WEIGHT, else chunks near the top of two of them (a model's own list and
+    its cross-lingual list) outrank the one note that holds the word."""
+    # A random direction stands out by chance now and then; real models' best cosine for such a word did not, 12 times
+    # in 12 on the sample vault.
+    monkeypatch.setattr(Searcher, "_cosine_excess", lambda self, sl: -1.0)
+    rng = random.Random(7)
+    vault = tmp_path / "mixed"
+    vault.mkdir()
+    for i in range(80):  # a quarter English, the rest Chinese, each note its own words
+        if i % 4:
+            body = "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(120))
+        else:
+            body = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxy") for _ in range(6)) for _ in range(40))
+        (vault / f"n{i:02}.md").write_text(f"# Note {i}\n\n{body}\n", encoding="utf-8")
+    engine = make_engine(vault, _Unplaced())
+    engine.sync_all()
+    searcher = Searcher(engine)
+    for i in range(0, 80, 6):
+        word = "zq" + "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(10))
+        with (vault / f"n{i:02}.md").open("a", encoding="utf-8") as f:
+            f.write(f"\nbench marker {word}\n")
+        engine.sync_all()
+        hits = searcher.search(word, mode="hybrid", top_k=5).hits
+        assert hits and hits[0].path == f"n{i:02}.md", (word, [h.path for h in hits])
