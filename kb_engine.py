@@ -143,15 +143,10 @@ class ChunkVectors:
 
     def get_vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
         """Stored vectors by chunk id (ids without a vector are absent)."""
-        out: dict[str, list[float]] = {}
-        for cid in ids:
-            v = self._engine.store.vector(content_of(cid))
-            if v is not None:
-                out[cid] = v.tolist()
-        return out
+        return {cid: v.tolist() for cid, v in self.arrays(ids).items()}
 
-    def matrix(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Stored vectors by chunk id as arrays (ids without a vector are absent): get_vectors without the lists."""
+    def arrays(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """get_vectors as the store's arrays (no copy into lists)."""
         out: dict[str, np.ndarray] = {}
         for cid in ids:
             v = self._engine.store.vector(content_of(cid))

@@ -436,18 +436,20 @@ class Searcher:
             notes = [p for p in dict.fromkeys([*head, *found, *namesakes]) if p in engine.files]
             chunks_of = {p: [c for c in engine.files[p].chunks if c in engine.chunks] for p in notes}
             cjk = {p: self._is_cjk(chunks_of[p][0]) for p in notes if chunks_of[p]}
-            bg_ids = [cid for cid in background[0] if cid in engine.chunks]
-            bg_cjk = {cid: self._is_cjk(cid) for cid in bg_ids}
-            bg_path = {cid: engine.chunks[cid].path for cid in bg_ids}
+            live = np.fromiter((cid in engine.chunks for cid in background[0]), dtype=bool, count=len(background[0]))
+            bg_cjk = np.fromiter((live[i] and self._is_cjk(cid) for i, cid in enumerate(background[0])), dtype=bool)
+            bg_rows_of: dict[str, list[int]] = {}  # note -> its rows in the background
+            for i, cid in enumerate(background[0]):
+                if live[i]:
+                    bg_rows_of.setdefault(engine.chunks[cid].path, []).append(i)
             total = len(engine.chunks)
-        stored = engine.vectors.matrix([c for p in cjk for c in chunks_of[p]])
+        stored = engine.vectors.arrays([c for p in cjk for c in chunks_of[p]])
         means: dict[str, np.ndarray] = {}
         for p in cjk:
             rows = [stored[c] for c in chunks_of[p] if c in stored]
             if rows:
                 m = np.asarray(rows, dtype=np.float32)[:, slots].mean(axis=0)
                 means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
-        bg_rows = {cid: i for i, cid in enumerate(background[0])}
         translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
         taken: set[str] = set()
         for path, cid in head.items():
@@ -459,15 +461,17 @@ class Searcher:
             x = means[path]
             cos = np.asarray([means[p] for p in others]) @ x
             best = int(np.argmax(cos))
-            pair = (path, others[best])  # the two notes judged are not their background
-            bg_other = [bg_rows[c] for c in bg_ids if bg_cjk[c] != cjk[path] and bg_path[c] not in pair]
-            if len(bg_other) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
-                bg_other = [bg_rows[c] for c in bg_ids if bg_path[c] not in pair]
-            if len(bg_other) < MIN_BACKGROUND:
+            pair = (path, others[best])
+            judged = live.copy()
+            judged[[i for p in pair for i in bg_rows_of.get(p, ())]] = False  # the two notes are not their background
+            keep = judged & (bg_cjk != cjk[path])
+            if int(keep.sum()) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
+                keep = judged
+            if int(keep.sum()) < MIN_BACKGROUND:
                 continue
-            sims = background[1][bg_other][:, slots] @ x * math.sqrt(scale)
+            sims = background[1][keep][:, slots] @ x * scale
             z = (float(cos[best]) - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
-            pool = round(total * len(bg_other) / max(len(bg_ids), 1))
+            pool = round(total * int(keep.sum()) / max(int(live.sum()), 1))
             if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
                 taken.update(pair)
                 if others[best] not in head:  # one already among the first notes keeps its place

@@ -296,14 +296,14 @@ def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:
 
 
 def model_slots(embedder: Embedder, model: str) -> tuple[slice, float]:
-    """Where model `model` sits in the store's vectors, and the factor that turns the dot product of two stored vectors'
-    slots into that model's cosine (a single model: the whole vector, 1)."""
+    """Where model `model` sits in the store's vectors, and the factor that turns the dot product of a stored vector's
+    slots with a unit vector of that model into its cosine (a single model: the whole vector, 1)."""
     if isinstance(embedder, MultiEmbedder):
         dims = embedder.dims()
         for i, part in enumerate(embedder.parts):
             if part.name == model:
                 start = sum(dims[:i])
-                return slice(start, start + dims[i]), embedder.part_scale**2
+                return slice(start, start + dims[i]), embedder.part_scale
         raise ValueError(f"model '{model}' is not part of '{embedder.name}'")
     return slice(None), 1.0
 
