@@ -110,6 +110,17 @@ class _SemanticList:
 
 
 @dataclass(frozen=True)
+class _ModelBackground:
+    """The relevance gate's background sample as the translation step reads it: one model's slots of each vector, and
+    each chunk's language and note (rows by note)."""
+
+    matrix: np.ndarray
+    known: np.ndarray  # chunks still in the index when this was built
+    cjk: np.ndarray
+    rows_of: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
 class Hit:
     """One search result: where it is (note, heading path, lines), a bounded snippet and the scores."""
 
@@ -176,6 +187,7 @@ class Searcher:
         self._background: tuple[tuple[str, int], tuple[list[str], np.ndarray] | None] | None = None
         self._background_lock = threading.Lock()
         self._chunk_cjk: dict[str, bool] = {}
+        self._model_bg: tuple[tuple[list[str], np.ndarray], str, _ModelBackground] | None = None
 
     def warm_up(self) -> None:
         """Read the relevance gate's background sample now (~0.1 s at 15,000 chunks), not in the first search."""
@@ -437,11 +449,7 @@ class Searcher:
             chunks_of = {p: [c for c in engine.files[p].chunks if c in engine.chunks] for p in notes}
             cjk = {p: self._is_cjk(chunks_of[p][0]) for p in notes if chunks_of[p]}
             live = np.fromiter((cid in engine.chunks for cid in background[0]), dtype=bool, count=len(background[0]))
-            bg_cjk = np.fromiter((live[i] and self._is_cjk(cid) for i, cid in enumerate(background[0])), dtype=bool)
-            bg_rows_of: dict[str, list[int]] = {}  # note -> its rows in the background
-            for i, cid in enumerate(background[0]):
-                if live[i]:
-                    bg_rows_of.setdefault(engine.chunks[cid].path, []).append(i)
+            bg = self._model_background(background, model.part.model, slots)
             total = len(engine.chunks)
         stored = engine.vectors.arrays([c for p in cjk for c in chunks_of[p]])
         means: dict[str, np.ndarray] = {}
@@ -452,6 +460,11 @@ class Searcher:
                 means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
         translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
         taken: set[str] = set()
+        live &= bg.known
+        head_means = [p for p in head if p in means]
+        if not head_means:
+            return fused
+        bg_sims = bg.matrix @ np.stack([means[p] for p in head_means], axis=1) * scale  # background x head notes
         for path, cid in head.items():
             if path not in means or path in taken:  # a note pulled up as a translation brings no other
                 continue
@@ -463,13 +476,13 @@ class Searcher:
             best = int(np.argmax(cos))
             pair = (path, others[best])
             judged = live.copy()
-            judged[[i for p in pair for i in bg_rows_of.get(p, ())]] = False  # the two notes are not their background
-            keep = judged & (bg_cjk != cjk[path])
+            judged[[i for p in pair for i in bg.rows_of.get(p, ())]] = False  # the two notes are not their background
+            keep = judged & (bg.cjk != cjk[path])
             if int(keep.sum()) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
                 keep = judged
             if int(keep.sum()) < MIN_BACKGROUND:
                 continue
-            sims = background[1][keep][:, slots] @ x * scale
+            sims = bg_sims[keep, head_means.index(path)]
             z = (float(cos[best]) - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
             pool = round(total * int(keep.sum()) / max(int(live.sum()), 1))
             if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
@@ -486,6 +499,24 @@ class Searcher:
             out.append((cid, score))
             if cid in translation:
                 out.append((translation[cid], score))
+        return out
+
+    def _model_background(self, background: tuple[list[str], np.ndarray], model: str, slots: slice) -> _ModelBackground:
+        """The background sample in one model's slots, with each chunk's language and note (kept until the sample or the
+        model changes; chunks removed since are masked out by the caller)."""
+        cached = self._model_bg
+        if cached is not None and cached[0] is background and cached[1] == model:
+            return cached[2]
+        ids = background[0]
+        with self.engine.mutex:
+            known = np.fromiter((cid in self.engine.chunks for cid in ids), dtype=bool, count=len(ids))
+            cjk = np.fromiter((bool(k) and self._is_cjk(cid) for k, cid in zip(known, ids)), dtype=bool, count=len(ids))
+            rows_of: dict[str, list[int]] = {}
+            for i, cid in enumerate(ids):
+                if known[i]:
+                    rows_of.setdefault(self.engine.chunks[cid].path, []).append(i)
+        out = _ModelBackground(np.ascontiguousarray(background[1][:, slots]), known, cjk, rows_of)
+        self._model_bg = (background, model, out)
         return out
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
