@@ -21,6 +21,7 @@ from kb_vectors import (
     embedder_parts,
     is_english_only,
     make_embedder,
+    model_slots,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,6 +95,23 @@ def test_multi_embedder_joins_unit_vectors_and_recovers_each_models_cosine():
             part = embed_query_part(multi, i, query)
             assert math.isclose(_dot(part.vector, part.vector), 1.0, rel_tol=1e-9)
             assert _dot(part.vector, vec) * part.scale == pytest.approx(own[i])
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_model_slots_find_each_models_part_of_a_stored_vector(index):
+    a, b = HashEmbedder(dim=16, name="a"), HashEmbedder(dim=32, name="b")
+    multi = MultiEmbedder([a, b])
+    model = (a, b)[index]
+    stored = multi.embed_documents(["PostgreSQL ledger decision"])[0]
+    unit = model.embed_query("ledger rate limit")  # that model's own unit vector
+    slots, factor = model_slots(multi, model.name)
+    assert len(stored[slots]) == model.dim
+    assert _dot(stored[slots], unit) * factor == pytest.approx(
+        _dot(model.embed_documents(["PostgreSQL ledger decision"])[0], unit)
+    )
+    assert model_slots(a, "a") == (slice(None), 1.0)
+    with pytest.raises(ValueError, match="not part of"):
+        model_slots(multi, "c")
 
 
 def test_single_embedder_part_query_is_the_plain_query():
