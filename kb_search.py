@@ -134,6 +134,7 @@ class Hit:
     keyword_rank: int | None  # 1-based rank in the BM25 list, None if BM25 did not find it
     cosine: float | None  # cosine similarity to the query, None without vectors
     chunk_id: str
+    translation_of: str | None = None  # the note of an earlier hit this note translates (hybrid mode's translation step)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -401,12 +402,13 @@ class Searcher:
             if linked:  # the cross-encoder reads the words only: the named notes stay first
                 with engine.mutex:
                     fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
+        pairs: dict[str, str] = {}
         if mode == "hybrid" and fused and TRANSLATION_Z_MARGIN >= 0:
-            fused = self._with_translations(fused, lists)
+            fused, pairs = self._with_translations(fused, lists)
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
             mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
-        hits = self._collect(fused, top_k, kw_rank, mean_cos, tokens)
+        hits = self._collect(fused, top_k, kw_rank, mean_cos, tokens, pairs)
         return SearchResult(
             query,
             mode,
@@ -417,8 +419,11 @@ class Searcher:
             elapsed_ms=(time.perf_counter() - t0) * 1000,
         )
 
-    def _with_translations(self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList]) -> list[tuple[str, float]]:
-        """`fused` with each head note's translation (see TRANSLATION_Z_MARGIN) right after that note's first chunk.
+    def _with_translations(
+        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList]
+    ) -> tuple[list[tuple[str, float]], dict[str, str]]:
+        """`fused` with each head note's translation (see TRANSLATION_Z_MARGIN) right after that note's first chunk, and
+        the pairs found (each note of a pair -> the other).
 
         Notes are compared whole (the mean of their chunks' vectors): two languages rarely chunk a text alike.
         Candidates are the notes the semantic lists found and the notes that share a head note's file name.
@@ -426,7 +431,7 @@ class Searcher:
         model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
         background = self._background_vectors()
         if model is None or background is None:
-            return fused
+            return fused, {}
         engine = self.engine
         slots, scale = model_slots(engine.embedder, model.part.model)
         with engine.mutex:
@@ -459,11 +464,12 @@ class Searcher:
                 m = np.asarray(rows, dtype=np.float32)[:, slots].mean(axis=0)
                 means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
         translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
+        pairs: dict[str, str] = {}
         taken: set[str] = set()
         live &= bg.known
         head_means = [p for p in head if p in means]
         if not head_means:
-            return fused
+            return fused, {}
         bg_sims = bg.matrix @ np.stack([means[p] for p in head_means], axis=1) * scale  # background x head notes
         for path, cid in head.items():
             if path not in means or path in taken:  # a note pulled up as a translation brings no other
@@ -487,10 +493,11 @@ class Searcher:
             pool = round(total * int(keep.sum()) / max(int(live.sum()), 1))
             if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
                 taken.update(pair)
+                pairs.update({pair[0]: pair[1], pair[1]: pair[0]})
                 if others[best] not in head:  # one already among the first notes keeps its place
                     translation[cid] = chunks_of[others[best]][0]
         if not translation:
-            return fused
+            return fused, pairs
         moved = set(translation.values())
         out: list[tuple[str, float]] = []
         for cid, score in fused:
@@ -499,7 +506,7 @@ class Searcher:
             out.append((cid, score))
             if cid in translation:
                 out.append((translation[cid], score))
-        return out
+        return out, pairs
 
     def _model_background(self, background: tuple[list[str], np.ndarray], model: str, slots: slice) -> _ModelBackground:
         """The background sample in one model's slots, with each chunk's language and note (kept until the sample or the
@@ -638,9 +645,18 @@ class Searcher:
         return keyword_ok or semantic_ok
 
     def _collect(
-        self, ranked: list[tuple[str, float]], top_k: int, kw_rank: dict[str, int], cos: dict[str, float], tokens: list[str]
+        self,
+        ranked: list[tuple[str, float]],
+        top_k: int,
+        kw_rank: dict[str, int],
+        cos: dict[str, float],
+        tokens: list[str],
+        pairs: dict[str, str] | None = None,
     ) -> list[Hit]:
+        """The hits: at most MAX_CHUNKS_PER_NOTE chunks of a note; a note whose translation came earlier says so."""
         hits: list[Hit] = []
+        pairs = pairs or {}
+        first: dict[str, int] = {}  # note -> the order of its first hit
         per_note: dict[str, int] = {}
         engine = self.engine
         with engine.mutex:
@@ -649,6 +665,8 @@ class Searcher:
                 if c is None or per_note.get(c.path, 0) >= MAX_CHUNKS_PER_NOTE:
                     continue
                 per_note[c.path] = per_note.get(c.path, 0) + 1
+                first.setdefault(c.path, len(first))
+                partner = pairs.get(c.path)
                 rec = engine.files.get(c.path)
                 hits.append(
                     Hit(
@@ -662,6 +680,7 @@ class Searcher:
                         kw_rank.get(cid),
                         cos.get(cid),
                         cid,
+                        partner if partner in first and first[partner] < first[c.path] else None,
                     )
                 )
                 if len(hits) >= top_k:

@@ -772,13 +772,16 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
     head = f'{len(result.hits)} hits for "{result.query}" ({result.mode}); cite as path:lines'
     parts = [head, *notes]
     used = sum(len(p) + 1 for p in parts)
+    first_hit: dict[str, int] = {}  # note -> the number of its first hit
     for i, h in enumerate(result.hits, 1):
+        first_hit.setdefault(h.path, i)
         scores = (
             f"fused {h.score:.4f}"
             + (f", keyword #{h.keyword_rank}" if h.keyword_rank else "")
             + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
         )
-        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title} · {scores}\n{h.snippet}"
+        of = f" · translation of [{first_hit[h.translation_of]}]" if h.translation_of in first_hit else ""
+        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}\n{h.snippet}"
         if used + len(block) > budget - 200:  # 200: the remark below
             structured["truncated"] = True
             parts.append(

@@ -14,6 +14,7 @@ import kb_search
 from kb_config import KBError, ModelUnavailableError
 from kb_search import Searcher, make_snippet
 from kb_vectors import HashEmbedder
+from mcp_server import format_search
 
 
 @pytest.fixture
@@ -308,6 +309,12 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     paths = [h.path for h in result.hits]
     assert paths[0] == "en/rollback.md"
     assert (paths[1:2] == ["zh/rollback.md"]) is follows  # else forty notes with two words of the query come first
+    # The reply says which hit it translates, so the client need not read both.
+    labelled = {h.path: h.translation_of for h in result.hits if h.translation_of}
+    assert labelled == ({"zh/rollback.md": "en/rollback.md"} if follows else {})
+    text, structured = format_search(result, [], 20_000)
+    assert ("[2] zh/rollback.md:1-3 · 回滚 · translation of [1] ·" in text) is follows
+    assert [h["translation_of"] for h in structured["hits"][:2]] == [None, "en/rollback.md" if follows else None]
     keyword = Searcher(engine).search("roll back a broken release", mode="keyword", top_k=5)  # hybrid mode only
     assert "zh/rollback.md" not in [h.path for h in keyword.hits]
 
@@ -351,3 +358,25 @@ def test_a_word_just_written_comes_first_though_the_models_find_nothing_for_it(t
         engine.sync_all()
         hits = searcher.search(word, mode="hybrid", top_k=5).hits
         assert hits and hits[0].path == f"n{i:02}.md", (word, [h.path for h in hits])
+
+
+def test_only_a_notes_hits_after_its_translations_first_hit_are_marked_as_its_translation(tmp_path, make_engine):
+    """A note's later chunk that follows its own translation is not the translation of that translation."""
+    vault = tmp_path / "vault"
+    (vault / "en").mkdir(parents=True)
+    (vault / "zh").mkdir()
+    long = " ".join(f"word{i}" for i in range(400))
+    (vault / "en" / "a.md").write_text(f"# A\n\n## One\n\n{long}\n\n## Two\n\n{long}\n", encoding="utf-8")
+    (vault / "zh" / "a.md").write_text(f"# 甲\n\n## 一\n\n{long}\n\n## 二\n\n{long}\n", encoding="utf-8")
+    engine = make_engine(vault, HashEmbedder())
+    engine.sync_all()
+    en, zh = (list(engine.files[p].chunks) for p in ("en/a.md", "zh/a.md"))
+    assert len(en) >= 2 and len(zh) >= 2
+    ranked = [(zh[0], 0.3), (en[0], 0.3), (zh[1], 0.2), (en[1], 0.1)]
+    hits = Searcher(engine)._collect(ranked, 4, {}, {}, [], {"zh/a.md": "en/a.md", "en/a.md": "zh/a.md"})
+    assert [(h.path, h.translation_of) for h in hits] == [
+        ("zh/a.md", None),
+        ("en/a.md", "zh/a.md"),
+        ("zh/a.md", None),  # zh/a.md came first: it is the original here
+        ("en/a.md", "zh/a.md"),
+    ]
