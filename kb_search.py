@@ -1,31 +1,30 @@
 """Hybrid search over an Engine's index: BM25 and vector candidates (one list per model) fused by reciprocal rank,
-gated for relevance against the vault's own background.
+gated for relevance against the vault's own background (kb_background), a found note followed by its translation.
 
 The one search implementation: the MCP tool, `--search`, eval/run_eval.py and eval/bench.py all call Searcher.search.
-Imports the engine, kb_text, kb_vectors, kb_config.
+Imports the engine, kb_background, kb_links, kb_state, kb_text, kb_vectors, kb_config.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
+from kb_background import Background, chance_z
 from kb_config import SEARCH_MODES, KBError, ModelUnavailableError
 from kb_engine import Engine
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import cjk_share
-from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only, model_slots
+from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +33,8 @@ MIN_KEYWORD_COVERAGE = 0.3
 # ... or when the models' best cosines stand out from the query's cosines to a random sample of the vault's chunks
 # (its background, fitted by a normal): on average over the models, by this many standard deviations more than the
 # level the best of N unrelated chunks reaches by chance (N = chunks searched); that margin is search.gate_margin
-# (default 0.9, measured on both golden sets in docs/retrieval.md). Calibrated per vault, model and query.
-# Chunks sampled (once per index size) as the background of the cosine gate; 256 let the decision depend on the seed.
-BACKGROUND_SAMPLE = 2048
-# Seed of that sample, so a search's decision does not change between runs.
-BACKGROUND_SEED = 13
-# The sample is drawn again once the number of chunks moved by more than this share (not on every edit).
-BACKGROUND_REFRESH_SHARE = 0.1
-# The query's nearest chunks left out of its background (they are what is being judged).
-NEAREST_EXCLUDED = 10
-# Fewer background chunks than this (a vault of a few notes) cannot calibrate: the cosine gate stays open.
-MIN_BACKGROUND = 20
-# Cosine differences below this are float noise (a background of identical cosines has no spread).
-COSINE_EPSILON = 1e-6
+# (default 0.9, measured on both golden sets in docs/retrieval.md). Calibrated per vault, model and query: the
+# background and its constants are in kb_background.
 # The keyword list gets its full fusion weight once one of its first KEYWORD_TRUST_PROBE chunks holds this share of
 # the query's terms, proportionally less below (a paraphrase shares few words; its keyword list is noise); only when
 # some model read the whole query (0 turns this off).
@@ -77,15 +65,6 @@ QUIET_MODEL_WEIGHT = 0.5
 # Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
 CJK_CACHE_CHUNKS = 500_000
 
-# Translations (hybrid mode): a found note's passage in the other language (its translation, in a vault that keeps
-# notes in both) follows it. A candidate counts as the translation when a multilingual model puts it this many standard
-# deviations above the level the best of the vault's other-language chunks reaches by chance (as the relevance gate
-# judges the query; a negative value or no multilingual model turns this off).
-TRANSLATION_Z_MARGIN = 2.0
-# Only the first this many notes of the results bring their translation.
-TRANSLATION_HEAD_NOTES = 5
-# Candidates: each semantic list's first this many chunks' notes, and the head notes' namesakes (same file name).
-TRANSLATION_CANDIDATES = 10
 # At most this many chunks of one note in the results, so one long note does not crowd out the rest.
 MAX_CHUNKS_PER_NOTE = 2
 # Latin words of a query (what an English-only model is given from a mostly Chinese query).
@@ -107,17 +86,6 @@ class _SemanticList:
     hits: list[tuple[str, float]]
     pool: int  # chunks the list was ranked from
     cross: bool = False  # only chunks in the other language than the query's (see CROSS_LINGUAL_WEIGHT)
-
-
-@dataclass(frozen=True)
-class _ModelBackground:
-    """The relevance gate's background sample as the translation step reads it: one model's slots of each vector, and
-    each chunk's language and note (rows by note)."""
-
-    matrix: np.ndarray
-    known: np.ndarray  # chunks still in the index when this was built
-    cjk: np.ndarray
-    rows_of: dict[str, list[int]]
 
 
 @dataclass(frozen=True)
@@ -185,14 +153,12 @@ class Searcher:
         self.cfg = engine.cfg
         self._reranker: Any = None
         self._rerank_lock = threading.Lock()
-        self._background: tuple[tuple[str, int], tuple[list[str], np.ndarray] | None] | None = None
-        self._background_lock = threading.Lock()
         self._chunk_cjk: dict[str, bool] = {}
-        self._model_bg: tuple[tuple[list[str], np.ndarray], str, _ModelBackground] | None = None
+        self._background = Background(engine, self._is_cjk)
 
     def warm_up(self) -> None:
         """Read the relevance gate's background sample now (~0.1 s at 15,000 chunks), not in the first search."""
-        self._background_vectors()
+        self._background.vectors()
 
     # ---- candidates -----------------------------------------------------------------------------------------
 
@@ -276,46 +242,6 @@ class Searcher:
             for cid, sim in zip(got, sims.tolist()):
                 known.setdefault(cid, sim)
         return out
-
-    def _background_vectors(self) -> tuple[list[str], np.ndarray] | None:
-        """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
-        the number of chunks moved by more than BACKGROUND_REFRESH_SHARE)."""
-        engine = self.engine
-        with engine.mutex:
-            key = (engine.embedder.name, len(engine.chunks))
-            cached = self._background
-            if cached is not None and cached[0][0] == key[0]:
-                if abs(key[1] - cached[0][1]) <= BACKGROUND_REFRESH_SHARE * cached[0][1]:
-                    return cached[1]
-            ids = sorted(engine.chunks)
-        with self._background_lock:
-            sample = random.Random(BACKGROUND_SEED).sample(ids, min(BACKGROUND_SAMPLE, len(ids)))
-            try:
-                stored = self.engine.vectors.get_vectors(sample)
-            except Exception as e:  # no background this time: the cosine gate stays closed, keywords still count
-                logger.warning("cannot read background vectors: %s", e)
-                return None
-            got = [cid for cid in sample if cid in stored]
-            background = (got, np.asarray([stored[cid] for cid in got], dtype=np.float32)) if got else None
-            self._background = (key, background)
-            return background
-
-    def _cosine_z(self, sl: _SemanticList, top_cosine: float) -> float | None:
-        """How many standard deviations `top_cosine` stands above the query's cosines to the vault's background.
-
-        The query's own nearest chunks are not background. A vault too small to leave MIN_BACKGROUND chunks cannot
-        tell a match from noise: infinity (the cosine vouches). None when the background cannot be read.
-        """
-        background = self._background_vectors()
-        if background is None or background[1].shape[1] != len(sl.part.vector):
-            return None
-        ids, matrix = background
-        near = {cid for cid, _ in sl.hits[:NEAREST_EXCLUDED]}
-        keep = np.fromiter((cid not in near for cid in ids), dtype=bool, count=len(ids))
-        if int(keep.sum()) < MIN_BACKGROUND:
-            return math.inf
-        sims = (matrix @ np.asarray(sl.part.vector, dtype=np.float32))[keep] * sl.part.scale
-        return (top_cosine - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
 
     def _coverage(self, tokens: list[str], chunk_ids: list[str]) -> dict[str, float]:
         """idf-weighted share of the query's distinct terms found in each chunk."""
@@ -403,7 +329,7 @@ class Searcher:
                 with engine.mutex:
                     fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
         pairs: dict[str, str] = {}
-        if mode == "hybrid" and fused and TRANSLATION_Z_MARGIN >= 0:
+        if mode == "hybrid" and fused:
             fused, pairs = self._with_translations(fused, lists)
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
@@ -422,109 +348,12 @@ class Searcher:
     def _with_translations(
         self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList]
     ) -> tuple[list[tuple[str, float]], dict[str, str]]:
-        """`fused` with each head note's translation (see TRANSLATION_Z_MARGIN) right after that note's first chunk, and
-        the pairs found (each note of a pair -> the other).
-
-        Notes are compared whole (the mean of their chunks' vectors): two languages rarely chunk a text alike.
-        Candidates are the notes the semantic lists found and the notes that share a head note's file name.
-        """
+        """`fused` with each head note's translation right after it, and the pairs found (kb_background: translations),
+        as a multilingual model that read the whole query judges them."""
         model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
-        background = self._background_vectors()
-        if model is None or background is None:
+        if model is None:
             return fused, {}
-        engine = self.engine
-        slots, scale = model_slots(engine.embedder, model.part.model)
-        with engine.mutex:
-            head: dict[str, str] = {}  # note -> its first chunk in the results
-            for cid, _ in fused:
-                chunk = engine.chunks.get(cid)  # a sync may have removed it since the fusion
-                if chunk is None:
-                    continue
-                path = chunk.path
-                if path not in head:
-                    head[path] = cid
-                    if len(head) >= TRANSLATION_HEAD_NOTES:
-                        break
-            resolver = engine.view.resolver()
-            found = [
-                engine.chunks[cid].path for sl in lists for cid, _ in sl.hits[:TRANSLATION_CANDIDATES] if cid in engine.chunks
-            ]
-            namesakes = [other for path in head for other in resolver.namesakes(path)]
-            notes = [p for p in dict.fromkeys([*head, *found, *namesakes]) if p in engine.files]
-            chunks_of = {p: [c for c in engine.files[p].chunks if c in engine.chunks] for p in notes}
-            cjk = {p: self._is_cjk(chunks_of[p][0]) for p in notes if chunks_of[p]}
-            live = np.fromiter((cid in engine.chunks for cid in background[0]), dtype=bool, count=len(background[0]))
-            bg = self._model_background(background, model.part.model, slots)
-            total = len(engine.chunks)
-        stored = engine.vectors.arrays([c for p in cjk for c in chunks_of[p]])
-        means: dict[str, np.ndarray] = {}
-        for p in cjk:
-            rows = [stored[c] for c in chunks_of[p] if c in stored]
-            if rows:
-                m = np.asarray(rows, dtype=np.float32)[:, slots].mean(axis=0)
-                means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
-        translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
-        pairs: dict[str, str] = {}
-        taken: set[str] = set()
-        live &= bg.known
-        head_means = [p for p in head if p in means]
-        if not head_means:
-            return fused, {}
-        bg_sims = bg.matrix @ np.stack([means[p] for p in head_means], axis=1) * scale  # background x head notes
-        for path, cid in head.items():
-            if path not in means or path in taken:  # a note pulled up as a translation brings no other
-                continue
-            others = [p for p in means if cjk[p] != cjk[path] and p not in taken]
-            if not others:
-                continue
-            x = means[path]
-            cos = np.asarray([means[p] for p in others]) @ x
-            best = int(np.argmax(cos))
-            pair = (path, others[best])
-            judged = live.copy()
-            judged[[i for p in pair for i in bg.rows_of.get(p, ())]] = False  # the two notes are not their background
-            keep = judged & (bg.cjk != cjk[path])
-            if int(keep.sum()) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
-                keep = judged
-            if int(keep.sum()) < MIN_BACKGROUND:
-                continue
-            sims = bg_sims[keep, head_means.index(path)]
-            z = (float(cos[best]) - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
-            pool = round(total * int(keep.sum()) / max(int(live.sum()), 1))
-            if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
-                taken.update(pair)
-                pairs.update({pair[0]: pair[1], pair[1]: pair[0]})
-                if others[best] not in head:  # one already among the first notes keeps its place
-                    translation[cid] = chunks_of[others[best]][0]
-        if not translation:
-            return fused, pairs
-        moved = set(translation.values())
-        out: list[tuple[str, float]] = []
-        for cid, score in fused:
-            if cid in moved:
-                continue
-            out.append((cid, score))
-            if cid in translation:
-                out.append((translation[cid], score))
-        return out, pairs
-
-    def _model_background(self, background: tuple[list[str], np.ndarray], model: str, slots: slice) -> _ModelBackground:
-        """The background sample in one model's slots, with each chunk's language and note (kept until the sample or the
-        model changes; chunks removed since are masked out by the caller)."""
-        cached = self._model_bg
-        if cached is not None and cached[0] is background and cached[1] == model:
-            return cached[2]
-        ids = background[0]
-        with self.engine.mutex:
-            known = np.fromiter((cid in self.engine.chunks for cid in ids), dtype=bool, count=len(ids))
-            cjk = np.fromiter((bool(k) and self._is_cjk(cid) for k, cid in zip(known, ids)), dtype=bool, count=len(ids))
-            rows_of: dict[str, list[int]] = {}
-            for i, cid in enumerate(ids):
-                if known[i]:
-                    rows_of.setdefault(self.engine.chunks[cid].path, []).append(i)
-        out = _ModelBackground(np.ascontiguousarray(background[1][:, slots]), known, cjk, rows_of)
-        self._model_bg = (background, model, out)
-        return out
+        return self._background.translations(fused, [sl.hits for sl in lists], model.part.model)
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
@@ -627,7 +456,7 @@ class Searcher:
     def _cosine_excess(self, sl: _SemanticList) -> float:
         """How far a model's best cosine stands above the level its best of `sl.pool` unrelated chunks reaches by chance,
         in standard deviations of the vault's background, less search.gate_margin (>= 0: it found something)."""
-        z = self._cosine_z(sl, sl.hits[0][1])
+        z = self._background.z(sl.part.vector, sl.part.scale, sl.hits[0][1], sl.hits)
         return -math.inf if z is None else z - chance_z(sl.pool) - self.cfg.gate_margin
 
     def _is_relevant(self, mode: str, coverage: float, lists: Sequence[_SemanticList], excess: dict[int, float]) -> bool:
@@ -712,12 +541,6 @@ class Searcher:
                 reranker.load()
                 self._reranker = reranker
             return self._reranker
-
-
-def chance_z(pool: int) -> float:
-    """Standard deviations above its mean that the best of `pool` unrelated chunks reaches by chance (a normal's
-    1 - 1/pool quantile): 2.6 for 250 chunks, 3.8 for 15,000."""
-    return NormalDist().inv_cdf(1.0 - 1.0 / pool) if pool > 1 else 0.0
 
 
 def make_snippet(chunk: ChunkRecord, tokens: list[str], max_chars: int) -> str:

@@ -45,6 +45,7 @@ ALLOWED = {
         "kb_links",
     },
     "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
+    "kb_background": {"kb_engine", "kb_vectors"},
     "kb_search": {
         "kb_config",
         "kb_scan",
@@ -55,6 +56,7 @@ ALLOWED = {
         "kb_engine",
         "kb_graph",
         "kb_links",
+        "kb_background",
     },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
@@ -95,6 +97,7 @@ SERVER_SIDE = [
     "bm25_index",
     "ingest",
     "kb_search",
+    "kb_background",
     "kb_graph",
     "kb_http",
     "kb_write",

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+import kb_background
 import kb_search
 from kb_config import KBError, ModelUnavailableError
 from kb_search import Searcher, make_snippet
@@ -78,8 +79,8 @@ def test_search_keeps_at_most_two_chunks_per_note(searcher):
 def test_search_abstains_and_names_nearest_notes_when_nothing_is_relevant(searcher, monkeypatch):
     # the hash embedder shares characters between any two texts: only a high bar stands for "unrelated"
     monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))
-    monkeypatch.setattr(kb_search, "MIN_BACKGROUND", 1)  # a tiny vault's cosine would vouch for anything
-    monkeypatch.setattr(kb_search, "NEAREST_EXCLUDED", 0)
+    monkeypatch.setattr(kb_background, "MIN_BACKGROUND", 1)  # a tiny vault's cosine would vouch for anything
+    monkeypatch.setattr(kb_background, "NEAREST_EXCLUDED", 0)
     result = searcher.search("zebra crossing quantum sourdough", mode="hybrid")
     assert result.abstained and result.hits == []
     assert 0 < len(result.closest) <= kb_search.CLOSEST_ON_ABSTAIN
@@ -228,7 +229,7 @@ def test_snippet_centres_on_first_matched_term():
 
 @pytest.mark.parametrize(("pool", "low", "high"), [(1, 0.0, 0.0), (250, 2.6, 2.7), (15_000, 3.8, 3.9)])
 def test_chance_level_of_the_best_cosine_grows_with_the_pool(pool, low, high):
-    assert low <= kb_search.chance_z(pool) <= high
+    assert low <= kb_background.chance_z(pool) <= high
 
 
 def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_engine, monkeypatch):
@@ -301,7 +302,7 @@ def _translated_vault(root, zh_commands: str):
 )
 def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engine, monkeypatch, zh_commands, margin, follows):
     if margin is not None:  # a negative margin turns translations off
-        monkeypatch.setattr(kb_search, "TRANSLATION_Z_MARGIN", margin)
+        monkeypatch.setattr(kb_background, "TRANSLATION_Z_MARGIN", margin)
     monkeypatch.setattr(kb_search, "CROSS_LINGUAL_WEIGHT", 0.0)  # no list finds the Chinese note: its name makes it a candidate
     engine = make_engine(_translated_vault(tmp_path, zh_commands), HashEmbedder(name="multilingual-hash"))
     engine.sync_all()
