@@ -1,9 +1,8 @@
 """MCP server (stdio) over a Markdown vault: search, append-only write-back, note reading; and the --search self-test.
 
 The MCP SDK's own stdio server answers the client as soon as the SDK is imported (about a second); the engine, jieba
-and the model load in a background thread, in the order that gets a keyword answer soonest. File events (watchdog)
-say which notes changed, so a search re-checks just those; a full stat walk is the fallback and a periodic audit.
-Logs go to stderr only: in stdio mode stdout is the protocol.
+and the model load in a background thread, in the order that gets a keyword answer soonest, and file events keep the
+index fresh (kb_live). Logs go to stderr only: in stdio mode stdout is the protocol.
 """
 
 import argparse
@@ -13,14 +12,13 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Annotated, Any
 
 from kb_config import Config, KBError, add_common_args, load_cli_config, setup_logging
-from kb_state import file_identity
+from kb_live import SAFETY_WALK_S, SYNC_WAIT_S, LiveIndex, load_model
 
 logger = logging.getLogger("mcp_server")
 
@@ -32,39 +30,9 @@ OFFLINE_ENV = {
     "ANONYMIZED_TELEMETRY": "False",
     "TOKENIZERS_PARALLELISM": "false",
 }
-# How long a search with changes to apply waits for a sync another thread is running before answering from what is
-# indexed (a search with nothing to apply never waits).
-SYNC_WAIT_S = 20.0
-# How long a search waits for the start-up thread's first keyword view before saying "still starting".
-STARTUP_WAIT_S = 60.0
 # How long a mode="semantic" search waits for the model still loading at start-up (hybrid never waits: it answers
 # with keywords and says semantic results join shortly).
 MODEL_WAIT_S = 60.0
-# On shutdown, how long to let a running sync finish its current batch before exiting.
-SHUTDOWN_WAIT_S = 3.0
-# Save this process's keyword view to disk at most this often (it is the next process's fast start).
-SAVE_VIEW_DELAY_S = 10.0
-# Model threads in the server (torch, or numpy/BLAS for USE). It embeds one short query at a time, where a second
-# thread saves ~10 ms on an idle 2-core machine but, measured here, turned 15 ms into ~490 ms (torch) when the other
-# core was busy (e.g. the client itself).
-SERVER_MODEL_THREADS = 1
-# Before taking the changed paths, a search sleeps this long so watchdog's threads hand over events the kernel has
-# already queued: anything saved before the request was sent is queued by then, and inotify -> handler took
-# p50 0.2 ms, p99 4 ms, max 4.2 ms here (200 writes, idle and with one core busy). Residual risk: a handler delayed
-# past this (a heavily overloaded machine) is picked up by the next search; hits themselves are re-checked by stat.
-EVENT_SETTLE_S = 0.002
-# If events are still arriving after that (a burst: many files saved at once, a git checkout), the search waits until
-# they pause this long, at most EVENT_BURST_MAX_S, so it takes the whole burst rather than part of it. CI once took 32
-# of 60 files written just before the request: the handler was still delivering them on a loaded machine. Costs
-# nothing when no event came in the last EVENT_QUIET_S, which is every question a person types after saving.
-EVENT_QUIET_S = 0.05
-EVENT_BURST_MAX_S = 1.0
-# While searches come in, a full stat walk runs in the background this often, as an audit of the events (a folder
-# past the inotify watch limit is silently unwatched, network file systems send no events). No search waits for it.
-SAFETY_WALK_S = 30.0
-# Audits in a row that must find changes no event reported before the server stops trusting events and walks the
-# vault before every search (one alone may be an edit racing the walk).
-MISSED_AUDITS_TO_FALLBACK = 2
 # Longest title shown per note in list_notes.
 TITLE_CHARS = 80
 # Characters of a file name or path quoted in an error message (names can be thousands of characters).
@@ -109,291 +77,9 @@ def os_error_message(e: OSError) -> str:
     return f"the file system refused the operation{where}: {what}; {hint}"
 
 
-class KnowledgeBase:
-    """Everything behind the tools: the engine (created in the background), freshness, and the tools' logic."""
-
-    def __init__(self, cfg: Config, embedder: Any = None) -> None:
-        self.cfg = cfg
-        self.engine: Any = None
-        self.searcher: Any = None
-        self._embedder = embedder  # None: the configured model (tests pass a small fake)
-        self._view_ready = threading.Event()  # engine built and its keyword view current: searches may answer
-        self._model_ready = threading.Event()  # the model loaded, or failed (engine.model_error says why)
-        self.startup_done = threading.Event()  # the start-up thread finished (synced, vectors embedded)
-        self._init_error: BaseException | None = None
-        self._started = False
-        self._save_timer: threading.Timer | None = None
-        self._save_lock = threading.Lock()
-        # Freshness: file events when they work, else a stat walk before each search.
-        self.changes: Any = None  # kb_watch.ChangeCollector once watching
-        self._observer: Any = None
-        self._walk_reason: str | None = None  # why searches walk the vault (None: file events are trusted)
-        self._last_walk = 0.0  # time.monotonic() of the last full walk that completed
-        self._audit_running = threading.Lock()
-        self._embedding = threading.Lock()  # held while a background embed_pending runs
-        self._missed_audits = 0
-        self._state_seen: Any = None  # state.json's identity when this process last synced (others commit there)
-        self.counts = {
-            "event_syncs": 0,  # searches that applied changed paths from file events
-            "state_checks": 0,  # searches with no event, checking only whether another process committed
-            "full_walks_before_search": 0,  # searches that walked the whole vault first (fallback, lost events)
-            "full_walks_in_background": 0,  # start-up and audit walks, which no search waits for
-            "changes_missed_by_events": 0,  # notes an audit walk found changed without an event
-        }
-
-    # ---- start-up -------------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Build the engine, watch the vault, load the view, jieba and the model in a background thread (once)."""
-        if self._started:
-            return
-        self._started = True
-        threading.Thread(target=self._startup, name="kb-startup", daemon=True).start()
-
-    def _startup(self) -> None:
-        """The start-up thread: everything in the order that gets a first answer soonest."""
-        try:
-            self._load_in_order()
-        finally:
-            self.startup_done.set()
-
-    def _load_in_order(self) -> None:
-        try:
-            from kb_engine import Engine
-            from kb_search import Searcher
-            from kb_vectors import make_embedder
-
-            cfg = self.cfg
-            embedder = self._embedder or make_embedder(
-                cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, threads=SERVER_MODEL_THREADS
-            )
-            self.engine = Engine(cfg, embedder)
-            self.searcher = Searcher(self.engine)
-        except BaseException as e:  # reported by every tool call
-            self._init_error = e
-            logger.exception("start-up failed")
-            self._view_ready.set()
-            self._model_ready.set()
-            return
-        engine = self.engine
-        self._start_watching()  # before the first walk, so no edit made during it is missed
-        try:
-            engine.sync_all(write=False)  # the keyword view, current with the notes: all a first answer needs
-            self._walked(background=True)
-        except Exception:
-            logger.exception("start-up sync of the keyword view failed; the next search retries")
-        try:
-            with engine.mutex:
-                engine.tokenizer.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
-        finally:
-            self._view_ready.set()
-        load_model(engine)
-        try:
-            self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search
-        except Exception:
-            logger.exception("warming up the relevance gate failed; the first search does it")
-        self._model_ready.set()
-        try:
-            engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)
-            if engine.view_changed:
-                self._schedule_save()
-            if engine.model_error is None:
-                engine.embed_pending()
-        except Exception:
-            logger.exception("start-up sync failed; the next search retries")
-
-    def _start_watching(self) -> None:
-        from kb_watch import ChangeCollector, start_observer
-
-        self.changes = ChangeCollector(self.cfg.kb_dir, self.cfg.extensions)
-        try:
-            self._observer = start_observer(self.cfg.kb_dir, self.changes)
-        except Exception as e:  # no inotify instance left, no watchdog, an unwatchable folder: walk instead
-            self._walk_reason = f"file events unavailable ({type(e).__name__}: {e})"
-            logger.warning("%s; the vault is walked before each search instead", self._walk_reason)
-        else:
-            logger.info("watching %s for changes (%s)", self.cfg.kb_dir, type(self._observer).__name__)
-
-    def shutdown(self) -> None:
-        """Stop watching and let a running sync end its batch (bounded): the process exits right after."""
-        if self._observer is not None:
-            self._observer.stop()  # not joined: the process is about to exit
-        engine = self.engine
-        if engine is not None and engine.syncing:
-            engine.cancel = True
-            deadline = time.monotonic() + SHUTDOWN_WAIT_S
-            while engine.syncing and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-    def _engine(self) -> Any:
-        if not self._view_ready.wait(timeout=STARTUP_WAIT_S):
-            raise KBError("the index is still starting up; try again in a few seconds")
-        if self._init_error is not None:
-            raise KBError(f"the knowledge base could not start: {self._init_error}")
-        return self.engine
-
-    def _schedule_save(self) -> None:
-        with self._save_lock:
-            if self._save_timer is None or not self._save_timer.is_alive():
-                self._save_timer = threading.Timer(SAVE_VIEW_DELAY_S, self._save_view)
-                self._save_timer.daemon = True
-                self._save_timer.start()
-
-    def _save_view(self) -> None:
-        try:
-            self.engine.save_view()
-        except Exception:
-            logger.exception("could not save the keyword index cache (harmless: the next start rebuilds it)")
-
-    # ---- freshness ------------------------------------------------------------------------------------------
-
-    def _walked(self, background: bool) -> None:
-        self._last_walk = time.monotonic()
-        self.counts["full_walks_in_background" if background else "full_walks_before_search"] += 1
-
-    def ensure_fresh(self) -> list[str]:
-        """Make the view match the notes before a search; returns notes for the reply.
-
-        With file events: apply the paths they named (nothing else is read), or, with none, only check whether
-        another process committed. Without events, or after lost ones: one stat walk of the vault.
-        """
-        engine = self._engine()
-        notes: list[str] = []
-        if self._walk_reason is not None:
-            if time.monotonic() - self._last_walk >= self.cfg.check_interval_s:
-                self._sync(engine, None, notes)
-        else:
-            self._wait_for_events_to_settle()
-            self._apply_events(engine, notes)
-        if engine.model_error:
-            notes.append(f"semantic search is off: {engine.model_error}")
-        return notes
-
-    def _wait_for_events_to_settle(self) -> None:
-        time.sleep(EVENT_SETTLE_S)
-        deadline = time.monotonic() + EVENT_BURST_MAX_S
-        while True:
-            now = time.monotonic()
-            quiet_for = now - self.changes.last_event_at
-            if quiet_for >= EVENT_QUIET_S or now >= deadline:
-                return
-            time.sleep(min(EVENT_QUIET_S - quiet_for, deadline - now))
-
-    def _apply_events(self, engine: Any, notes: list[str]) -> None:
-        from kb_watch import expand_folders
-
-        changes = self.changes.take()
-        if changes is None:
-            self.counts["state_checks"] += 1
-            if file_identity(engine.state_path) != self._state_seen:  # another process committed: take it in
-                self._sync(engine, [], notes, wait_s=0.0)
-            return
-        paths: list[str] | None = None
-        if not changes.full:
-            with engine.mutex:
-                paths, whole = expand_folders(changes, self.cfg.kb_dir, list(engine.files))
-            if whole:
-                paths = None
-        if paths is None:
-            logger.info("walking the vault before this search: %s", changes.reason or "the vault folder itself changed")
-        else:
-            self.counts["event_syncs"] += 1
-        if not self._sync(engine, paths, notes):
-            self.changes.put_back(changes)  # not applied (busy or failed): the next search tries again
-
-    def _sync(self, engine: Any, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
-        """engine.try_sync with the reply's notes; True if it ran."""
-        try:
-            report = self._try_sync(wait_s, paths)
-        except KBError as e:
-            notes.append(f"the index could not be refreshed ({e}); results may miss recent edits")
-            return False
-        if report is None:
-            if wait_s > 0 or engine.progress:
-                done = engine.progress
-                notes.append(
-                    "indexing is still running"
-                    + (f" ({done[0]}/{done[1]} chunks)" if done else "")
-                    + "; results cover what is indexed so far"
-                )
-            return False
-        self._state_seen = file_identity(engine.state_path)
-        if paths is None:
-            self._walked(background=False)
-        if engine.view_changed:
-            self._schedule_save()
-        return True
-
-    def _try_sync(self, wait_s: float, paths: list[str] | None) -> Any:
-        """engine.try_sync, never loading the model on a search's path: before the model is ready, changes are
-        committed without vectors (keyword search has them at once); vectors the engine leaves to embed are embedded
-        in the background."""
-        engine = self.engine
-        if self._model_ready.is_set():
-            report = engine.try_sync(wait_s, paths)
-        else:
-            report = engine.try_sync(wait_s, paths, embed_limit=0)
-        if report is not None and report.pending_vectors and self._model_ready.is_set() and engine.model_error is None:
-            if self._embedding.acquire(blocking=False):
-                threading.Thread(target=self._embed_pending, name="kb-embed", daemon=True).start()
-        return report
-
-    def _embed_pending(self) -> None:
-        try:
-            self.engine.embed_pending()
-        except Exception:
-            logger.exception("embedding the changed notes failed; the next sync retries")
-        finally:
-            self._embedding.release()
-
-    def _after_search(self) -> None:
-        """Start the background audit walk when one is due (only while searches come in)."""
-        if self._walk_reason is not None or time.monotonic() - self._last_walk < SAFETY_WALK_S:
-            return
-        if self._audit_running.acquire(blocking=False):
-            threading.Thread(target=self._audit, name="kb-audit", daemon=True).start()
-
-    def _audit(self) -> None:
-        """A full walk after the events were applied: whatever it still finds changed, the events missed."""
-        try:
-            engine = self.engine
-            self._last_walk = time.monotonic()
-            ignored: list[str] = []
-            self._apply_events(engine, ignored)
-            report = self._try_sync(SYNC_WAIT_S, None)
-            if report is None:
-                return
-            self._walked(background=True)
-            missed = report.added + report.changed + report.removed if report.vectors else 0
-            self.counts["changes_missed_by_events"] += missed
-            self._missed_audits = self._missed_audits + 1 if missed else 0
-            if missed:
-                logger.warning("the audit walk found %d changed notes that no file event reported", missed)
-            if self._missed_audits >= MISSED_AUDITS_TO_FALLBACK:
-                self._walk_reason = (
-                    f"{MISSED_AUDITS_TO_FALLBACK} audit walks in a row found changes file events had not reported "
-                    "(e.g. folders past the inotify watch limit, or a network file system)"
-                )
-                logger.warning("%s; walking the vault before each search from now on", self._walk_reason)
-        except Exception:
-            logger.exception("the audit walk failed; the next one retries")
-        finally:
-            self._audit_running.release()
-
-    def _stale_hits(self, result: Any) -> list[str]:
-        """Hit notes whose file no longer matches the index (an event still in flight): one stat per note."""
-        engine = self.engine
-        stale = []
-        for path in dict.fromkeys(h.path for h in result.hits):
-            rec = engine.files.get(path)
-            try:
-                st = os.stat(self.cfg.kb_dir / path)
-                now: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-            except OSError:
-                now = None
-            if rec is None or now != (rec.mtime_ns, rec.size):
-                stale.append(path)
-        return stale
+class KnowledgeBase(LiveIndex):
+    """Everything behind the tools: the live index (kb_live: the engine, created in the background, and freshness)
+    and the tools' logic."""
 
     # ---- tools ----------------------------------------------------------------------------------------------
 
@@ -720,17 +406,6 @@ class KnowledgeBase:
             f"file events ({type(self._observer).__name__}); a full walk audits them every {SAFETY_WALK_S:.0f} s "
             "while searches come in"
         )
-
-
-def load_model(engine: Any) -> None:
-    """Load the engine's model now, so no search pays for it; a failure leaves keyword search, with the reason."""
-    if engine.model_error is not None:
-        return
-    try:
-        engine.embedder.load()
-    except KBError as e:
-        engine.model_error = str(e)
-        logger.warning("%s", e)
 
 
 def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int, str]:

@@ -59,6 +59,7 @@ ALLOWED = {
         "kb_background",
     },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
+    "kb_live": {"kb_config", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {
         "kb_config",
@@ -74,6 +75,7 @@ ALLOWED = {
         "kb_links",
         "kb_graph",
         "kb_http",
+        "kb_live",
     },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
@@ -101,6 +103,7 @@ SERVER_SIDE = [
     "kb_graph",
     "kb_http",
     "kb_write",
+    "kb_live",
 ]
 
 

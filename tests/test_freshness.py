@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from kb_fixtures import make_config, wait_until
 
+import kb_live
 import kb_watch
 import mcp_server
 from kb_vectors import HashEmbedder
@@ -118,7 +119,7 @@ def test_search_during_a_burst_of_saves_waits_for_the_burst_and_takes_all_of_it(
     # CI once answered index_status with 32 of 60 files saved just before the call: their events were still on their
     # way. Here the saves are spread out (as a slow handler delivers them) and the search starts after the first.
     # A longer pause than the server's keeps a loaded machine's scheduling hiccups from splitting the burst.
-    monkeypatch.setattr(mcp_server, "EVENT_QUIET_S", 0.25)
+    monkeypatch.setattr(kb_live, "EVENT_QUIET_S", 0.25)
     folder = small_vault / "burst"
     folder.mkdir()
     names = [f"note{i:02d}.md" for i in range(20)]
@@ -193,7 +194,7 @@ def _lose_events(kb: mcp_server.KnowledgeBase) -> None:
 
 
 def test_search_starts_background_audit_walk_that_finds_missed_change(kb, small_vault, monkeypatch):
-    monkeypatch.setattr(mcp_server, "SAFETY_WALK_S", 0.0)
+    monkeypatch.setattr(kb_live, "SAFETY_WALK_S", 0.0)
     _lose_events(kb)
     background = kb.counts["full_walks_in_background"]
     (small_vault / "marmot.md").write_text("# Marmot\n\nThe marmot count is 7.\n", encoding="utf-8")
