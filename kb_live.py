@@ -90,6 +90,7 @@ class LiveIndex:
             "full_walks_before_search": 0,  # searches that walked the whole vault first (fallback, lost events)
             "full_walks_in_background": 0,  # start-up and audit walks, which no search waits for
             "changes_missed_by_events": 0,  # notes an audit walk found changed without an event
+            "late_event_syncs": 0,  # searches run again for events that came in while they ran
         }
 
     # ---- start-up -------------------------------------------------------------------------------------------
@@ -230,7 +231,9 @@ class LiveIndex:
                 return
             time.sleep(min(EVENT_QUIET_S - quiet_for, deadline - now))
 
-    def _apply_events(self, engine: Any, notes: list[str]) -> None:
+    def _apply_events(self, engine: Any, notes: list[str]) -> bool:
+        """Apply the changes file events named (none: check only whether another process committed); True if some
+        were applied."""
         from kb_watch import expand_folders
 
         changes = self.changes.take()
@@ -238,7 +241,7 @@ class LiveIndex:
             self.counts["state_checks"] += 1
             if file_identity(engine.state_path) != self._state_seen:  # another process committed: take it in
                 self._sync(engine, [], notes, wait_s=0.0)
-            return
+            return False
         paths: list[str] | None = None
         if not changes.full:
             with engine.mutex:
@@ -251,6 +254,21 @@ class LiveIndex:
             self.counts["event_syncs"] += 1
         if not self._sync(engine, paths, notes):
             self.changes.put_back(changes)  # not applied (busy or failed): the next search tries again
+            return False
+        return True
+
+    def apply_late_events(self, notes: list[str]) -> bool:
+        """Apply the file events that came in while a search ran; True if the search should run again.
+
+        watchdog hands an event through three threads: under load (a sync or the model holding the GIL) an edit saved
+        just before the request can reach the collector after the settle wait, and the search answers without it. A
+        search lasts long enough for it to arrive, so it is looked for once more at the end.
+        """
+        if self._walk_reason is not None or self.changes is None or not self.changes.pending:
+            return False
+        self.counts["late_event_syncs"] += 1
+        logger.info("file events came in during a search: applying them and searching again")
+        return self._apply_events(self.engine, notes)
 
     def _sync(self, engine: Any, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
         """engine.try_sync with the reply's notes; True if it ran."""

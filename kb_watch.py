@@ -111,6 +111,12 @@ class ChangeCollector:
         self.wake.set()
 
     @property
+    def pending(self) -> bool:
+        """Whether changes are waiting to be taken."""
+        with self._lock:
+            return bool(self._pending)
+
+    @property
     def last_event_at(self) -> float:
         """time.monotonic() of the latest event (0.0: none yet)."""
         return self._last_at

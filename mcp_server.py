@@ -125,6 +125,8 @@ class KnowledgeBase(LiveIndex):
             )
 
         result = run()
+        if self.apply_late_events(notes):
+            result = run()
         stale = self._stale_hits(result)
         if stale:  # a hit's note changed after the events were taken: apply it and search again
             logger.info("re-checking %d hit notes changed on disk: %s", len(stale), stale[:3])
