@@ -90,7 +90,7 @@ class LiveIndex:
             "full_walks_before_search": 0,  # searches that walked the whole vault first (fallback, lost events)
             "full_walks_in_background": 0,  # start-up and audit walks, which no search waits for
             "changes_missed_by_events": 0,  # notes an audit walk found changed without an event
-            "late_event_syncs": 0,  # searches run again for events that came in while they ran
+            "late_event_syncs": 0,  # searches that found events come in while they ran (applied, then run again)
         }
 
     # ---- start-up -------------------------------------------------------------------------------------------
