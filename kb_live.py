@@ -349,6 +349,17 @@ class LiveIndex:
         finally:
             self._audit_running.release()
 
+    def change_detection(self) -> str:
+        """How the index learns of edits, as index_status reports it."""
+        if self._walk_reason is not None:
+            return f"stat walk of the vault before each search: {self._walk_reason}"
+        if self._observer is None:
+            return "starting"
+        return (
+            f"file events ({type(self._observer).__name__}); a full walk audits them every {SAFETY_WALK_S:.0f} s "
+            "while searches come in"
+        )
+
     def _stale_hits(self, result: Any) -> list[str]:
         """Hit notes whose file no longer matches the index (an event still in flight): one stat per note."""
         engine = self.engine

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 from kb_config import Config, KBError, add_common_args, load_cli_config, setup_logging
-from kb_live import SAFETY_WALK_S, SYNC_WAIT_S, LiveIndex, load_model
+from kb_live import SYNC_WAIT_S, LiveIndex, load_model
 
 logger = logging.getLogger("mcp_server")
 
@@ -371,7 +371,7 @@ class KnowledgeBase(LiveIndex):
                 else None,
                 "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
                 "last_sync_summary": rep.summary() if rep else None,
-                "change_detection": self._change_detection(),
+                "change_detection": self.change_detection(),
                 "freshness": dict(self.counts, file_events=self.changes.events if self.changes else 0),
                 "writable": list(self.cfg.writable),
                 "creatable": list(self.cfg.creatable),
@@ -398,16 +398,6 @@ class KnowledgeBase(LiveIndex):
                     "every skipped note with its reason"
                 )
         return "\n".join(lines), info
-
-    def _change_detection(self) -> str:
-        if self._walk_reason is not None:
-            return f"stat walk of the vault before each search: {self._walk_reason}"
-        if self._observer is None:
-            return "starting"
-        return (
-            f"file events ({type(self._observer).__name__}); a full walk audits them every {SAFETY_WALK_S:.0f} s "
-            "while searches come in"
-        )
 
 
 def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int, str]:
