@@ -6,6 +6,7 @@ The engine lives in kb_engine; this module only parses flags, shows progress and
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from collections.abc import Callable
@@ -58,12 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser)
     parser.add_argument("--rebuild", action="store_true", help="delete this vault's index and build it from scratch")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument(
+        "--allow-mass-delete",
+        action="store_true",
+        help="confirm that most of the vault's notes are really gone: without it, a sync that would remove more than "
+        "half of the indexed notes (or all) keeps the index and says why (an unplugged drive, an unsynced folder)",
+    )
     args = parser.parse_args(argv)
     setup_logging(args.verbose, args.quiet, default="WARNING")
     try:
         cfg = load_cli_config(args)
         embedder = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, allow_download=True)
         engine = Engine(cfg, embedder)
+        engine.allow_mass_delete = args.allow_mass_delete
         progress, close = _progress_bar(not args.quiet and sys.stderr.isatty())
         try:
             report = engine.sync_all(rebuild=args.rebuild, progress=progress)
@@ -80,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         if args.verbose > 1:
             raise
+        return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise
+        print(
+            f"error: the disk holding the index ({cfg.index_dir}) is full ({e.strerror}). Nothing already indexed was "
+            "lost: free some space there and run `python ingest.py` again; it redoes only what is missing.",
+            file=sys.stderr,
+        )
+        return 1
+    if engine.held_deletions:
+        print(f"error: nothing was removed: {engine.held_deletions}", file=sys.stderr)
         return 1
     for reason in report.reasons:
         print(reason, file=sys.stderr)

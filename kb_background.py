@@ -1,5 +1,6 @@
 """The vault's background: a fixed random sample of its chunk vectors, against which the relevance gate judges a
-query's best cosine, and the translation step judges two notes (how far a cosine stands above chance, in this vault).
+query's best cosine; and its notes as whole-note vectors, from which the translation step pairs a note with its
+translation.
 
 Imports the engine and kb_vectors.
 """
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
+import posixpath
 import random
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,15 +37,8 @@ MIN_BACKGROUND = 20
 # Cosine differences below this are float noise (a background of identical cosines has no spread).
 COSINE_EPSILON = 1e-6
 
-# Translations (hybrid mode): a found note's passage in the other language (its translation, in a vault that keeps
-# notes in both) follows it. A candidate counts as the translation when a multilingual model puts it this many standard
-# deviations above the level the best of the vault's other-language chunks reaches by chance (as the relevance gate
-# judges the query; a negative value or no multilingual model turns this off).
-TRANSLATION_Z_MARGIN = 2.0
-# Only the first this many notes of the results bring their translation.
-TRANSLATION_HEAD_NOTES = 5
-# Candidates: each semantic list's first this many chunks' notes, and the head notes' namesakes (same file name).
-TRANSLATION_CANDIDATES = 10
+# Language markers a translation's file name may carry beside its original's ("setup.zh.md", "setup_en.md").
+_LANGUAGE_SUFFIX_RE = re.compile(r"[._\-](?:zh|cn|en|zh[_\-](?:cn|hans|hant|tw|hk))$", re.I)
 
 Ranked = list[tuple[str, float]]
 
@@ -54,14 +50,13 @@ def chance_z(pool: int) -> float:
 
 
 @dataclass(frozen=True)
-class _ModelBackground:
-    """The background sample as the translation step reads it: one model's slots of each vector, and each chunk's
-    language and note (rows by note)."""
+class _NoteMatrix:
+    """Every note as one unit vector in one model's slots (the mean of its chunks' vectors), with its language."""
 
+    paths: list[str]
+    row: dict[str, int]
     matrix: np.ndarray
-    known: np.ndarray  # chunks still in the index when this was built
     cjk: np.ndarray
-    rows_of: dict[str, list[int]]
 
 
 class Background:
@@ -72,7 +67,8 @@ class Background:
         self._is_cjk = is_cjk
         self._sample: tuple[tuple[str, int], tuple[list[str], np.ndarray] | None] | None = None
         self._lock = threading.Lock()
-        self._in_model: tuple[tuple[list[str], np.ndarray], str, _ModelBackground] | None = None
+        self._note_vectors: dict[str, tuple[tuple[str, ...], np.ndarray | None, bool]] = {}  # path -> (chunks, vector, cjk)
+        self._notes: tuple[tuple[int, str], _NoteMatrix] | None = None  # (view version, model) -> matrix
 
     def vectors(self) -> tuple[list[str], np.ndarray] | None:
         """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
@@ -115,107 +111,127 @@ class Background:
         sims = (matrix @ np.asarray(vector, dtype=np.float32))[keep] * scale
         return (top_cosine - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
 
-    def translations(self, fused: Ranked, lists: Sequence[Ranked], model: str) -> tuple[Ranked, dict[str, str]]:
-        """`fused` with each head note's translation (see TRANSLATION_Z_MARGIN) right after that note's first chunk, and
-        the pairs found (each note of a pair -> the other). `model` is a multilingual model's name; `lists` its and the
-        other models' ranked chunks, whose first notes are candidates.
+    def translations(self, fused: Ranked, model: str, query_cjk: bool, head_notes: int) -> tuple[Ranked, dict[str, str]]:
+        """`fused` with each of the first `head_notes` notes' translation beside it (the one in the query's language
+        first), and the pairs found (each note of a pair -> the other). `model` is a multilingual model's name.
 
-        Notes are compared whole (the mean of their chunks' vectors): two languages rarely chunk a text alike.
-        Candidates are the notes the semantic lists found and the notes that share a head note's file name.
+        Two notes are translations when each is the other's nearest note in the other language (whole notes: the mean
+        of their chunks' vectors; two languages rarely chunk a text alike), they have the same headings at the same
+        levels, and either the same file name (less a language marker) or at least two headings: a translation keeps
+        its original's shape, and two short one-heading notes of a small vault are each other's nearest by default.
         """
-        background = self.vectors()
-        if background is None or TRANSLATION_Z_MARGIN < 0:
+        notes = self._note_matrix(model)
+        if notes is None or len(notes.paths) < 2:
             return fused, {}
         engine = self.engine
-        slots, scale = model_slots(engine.embedder, model)
         with engine.mutex:
             head: dict[str, str] = {}  # note -> its first chunk in the results
             for cid, _ in fused:
                 chunk = engine.chunks.get(cid)  # a sync may have removed it since the fusion
-                if chunk is None:
-                    continue
-                path = chunk.path
-                if path not in head:
-                    head[path] = cid
-                    if len(head) >= TRANSLATION_HEAD_NOTES:
+                if chunk is not None and chunk.path not in head and chunk.path in notes.row:
+                    head[chunk.path] = cid
+                    if len(head) >= head_notes:
                         break
-            resolver = engine.view.resolver()
-            found = [
-                engine.chunks[cid].path for hits in lists for cid, _ in hits[:TRANSLATION_CANDIDATES] if cid in engine.chunks
-            ]
-            namesakes = [other for path in head for other in resolver.namesakes(path)]
-            notes = [p for p in dict.fromkeys([*head, *found, *namesakes]) if p in engine.files]
-            chunks_of = {p: [c for c in engine.files[p].chunks if c in engine.chunks] for p in notes}
-            cjk = {p: self._is_cjk(chunks_of[p][0]) for p in notes if chunks_of[p]}
-            live = np.fromiter((cid in engine.chunks for cid in background[0]), dtype=bool, count=len(background[0]))
-            bg = self._model_background(background, model, slots)
-            total = len(engine.chunks)
-        stored = engine.vectors.arrays([c for p in cjk for c in chunks_of[p]])
-        means: dict[str, np.ndarray] = {}
-        for p in cjk:
-            rows = [stored[c] for c in chunks_of[p] if c in stored]
-            if rows:
-                m = np.asarray(rows, dtype=np.float32)[:, slots].mean(axis=0)
-                means[p] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)  # unit: dot products are cosines
-        translation: dict[str, str] = {}  # head chunk -> the translation note's first chunk
+            records = {p: engine.files.get(p) for p in head}
         pairs: dict[str, str] = {}
-        taken: set[str] = set()
-        live &= bg.known
-        head_means = [p for p in head if p in means]
-        if not head_means:
+        moves: dict[str, str] = {}  # a head note's first chunk -> its translation's first chunk, placed beside it
+        for path in list(head):
+            if path in pairs:
+                continue
+            other = self._nearest_other(notes, path)
+            if other is None or other in pairs or self._nearest_other(notes, other) != path:
+                continue
+            with engine.mutex:
+                a, b = records.get(path) or engine.files.get(path), engine.files.get(other)
+                first = engine.files[other].chunks[0] if b is not None and b.chunks else None
+            if a is None or b is None or first is None or not _same_shape(path, a.headings, other, b.headings):
+                continue
+            pairs.update({path: other, other: path})
+            if other not in head:  # one already among the first notes keeps its place
+                moves[head[path]] = first
+        if not pairs:
             return fused, {}
-        bg_sims = bg.matrix @ np.stack([means[p] for p in head_means], axis=1) * scale  # background x head notes
-        for path, cid in head.items():
-            if path not in means or path in taken:  # a note pulled up as a translation brings no other
-                continue
-            others = [p for p in means if cjk[p] != cjk[path] and p not in taken]
-            if not others:
-                continue
-            x = means[path]
-            cos = np.asarray([means[p] for p in others]) @ x
-            best = int(np.argmax(cos))
-            pair = (path, others[best])
-            judged = live.copy()
-            judged[[i for p in pair for i in bg.rows_of.get(p, ())]] = False  # the two notes are not their background
-            keep = judged & (bg.cjk != cjk[path])
-            if int(keep.sum()) < MIN_BACKGROUND:  # few notes in the other language: judged against all (stricter)
-                keep = judged
-            if int(keep.sum()) < MIN_BACKGROUND:
-                continue
-            sims = bg_sims[keep, head_means.index(path)]
-            z = (float(cos[best]) - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
-            pool = round(total * int(keep.sum()) / max(int(live.sum()), 1))
-            if z >= chance_z(pool) + TRANSLATION_Z_MARGIN:
-                taken.update(pair)
-                pairs.update({pair[0]: pair[1], pair[1]: pair[0]})
-                if others[best] not in head:  # one already among the first notes keeps its place
-                    translation[cid] = chunks_of[others[best]][0]
-        if not translation:
-            return fused, pairs
-        moved = set(translation.values())
+        # Each pair sits together where its first note was, the note in the query's language first.
+        lang = {p: bool(notes.cjk[notes.row[p]]) for p in pairs}
+        with engine.mutex:
+            path_of = {cid: engine.chunks[cid].path for cid, _ in fused if cid in engine.chunks}
+        partner_chunk = {path: cid for path, cid in head.items()}
+        partner_chunk.update({engine_path: first for engine_path, first in _moved_paths(moves, path_of, pairs).items()})
         out: Ranked = []
+        done: set[str] = set()
         for cid, score in fused:
-            if cid in moved:
+            if cid in done:
                 continue
-            out.append((cid, score))
-            if cid in translation:
-                out.append((translation[cid], score))
+            path = path_of.get(cid)
+            partner = pairs.get(path) if path is not None and head.get(path) == cid else None
+            if partner is None or partner not in partner_chunk:
+                out.append((cid, score))
+                done.add(cid)
+                continue
+            pair = [(cid, score), (partner_chunk[partner], score)]
+            if lang[path] != query_cjk:
+                pair.reverse()
+            out.extend(p for p in pair if p[0] not in done)
+            done.update(p[0] for p in pair)
         return out, pairs
 
-    def _model_background(self, background: tuple[list[str], np.ndarray], model: str, slots: slice) -> _ModelBackground:
-        """The background sample in one model's slots, with each chunk's language and note (kept until the sample or the
-        model changes; chunks removed since are masked out by the caller). Called under the engine's mutex."""
-        cached = self._in_model
-        if cached is not None and cached[0] is background and cached[1] == model:
-            return cached[2]
-        ids = background[0]
-        chunks = self.engine.chunks
-        known = np.fromiter((cid in chunks for cid in ids), dtype=bool, count=len(ids))
-        cjk = np.fromiter((bool(k) and self._is_cjk(cid) for k, cid in zip(known, ids)), dtype=bool, count=len(ids))
-        rows_of: dict[str, list[int]] = {}
-        for i, cid in enumerate(ids):
-            if known[i]:
-                rows_of.setdefault(chunks[cid].path, []).append(i)
-        out = _ModelBackground(np.ascontiguousarray(background[1][:, slots]), known, cjk, rows_of)
-        self._in_model = (background, model, out)
+    def _nearest_other(self, notes: _NoteMatrix, path: str) -> str | None:
+        """The note in the other language nearest to `path` (whole-note cosine), or None if there is none."""
+        i = notes.row[path]
+        others = notes.cjk != notes.cjk[i]
+        if not others.any():
+            return None
+        sims = notes.matrix @ notes.matrix[i]
+        sims[~others] = -np.inf
+        return notes.paths[int(np.argmax(sims))]
+
+    def _note_matrix(self, model: str) -> _NoteMatrix | None:
+        """Every note's vector in `model`'s slots (rebuilt when the view changed; unchanged notes are reused)."""
+        engine = self.engine
+        with engine.mutex:
+            key = (engine.view.version, model)
+            if self._notes is not None and self._notes[0] == key:
+                return self._notes[1]
+            records = {p: r.chunks for p, r in engine.files.items() if r.chunks}
+            first = {p: chunks[0] for p, chunks in records.items() if chunks[0] in engine.chunks}
+        slots, _ = model_slots(engine.embedder, model)
+        cache = self._note_vectors
+        todo = [p for p, chunks in records.items() if p in first and (p not in cache or cache[p][0] != chunks)]
+        if todo:
+            stored = engine.vectors.arrays([c for p in todo for c in records[p]])
+            for p in todo:
+                rows = [stored[c][slots] for c in records[p] if c in stored]
+                vec = None
+                if rows:
+                    m = np.mean(rows, axis=0)
+                    vec = (m / max(float(np.linalg.norm(m)), COSINE_EPSILON)).astype(np.float32)
+                with engine.mutex:  # the note's language: that of most of its chunks
+                    langs = [self._is_cjk(c) for c in records[p] if c in engine.chunks]
+                cache[p] = (records[p], vec, 2 * sum(langs) > len(langs))
+        for p in [p for p in cache if p not in records]:
+            del cache[p]
+        paths = [p for p in records if p in cache and cache[p][1] is not None]
+        if not paths:
+            return None
+        out = _NoteMatrix(
+            paths,
+            {p: i for i, p in enumerate(paths)},
+            np.stack([cache[p][1] for p in paths]),
+            np.fromiter((cache[p][2] for p in paths), dtype=bool, count=len(paths)),
+        )
+        self._notes = (key, out)
         return out
+
+
+def _moved_paths(moves: dict[str, str], path_of: dict[str, str], pairs: dict[str, str]) -> dict[str, str]:
+    """The translations brought in from outside the head: their note -> their first chunk."""
+    return {pairs[path_of[head_chunk]]: first for head_chunk, first in moves.items() if head_chunk in path_of}
+
+
+def _same_shape(a: str, heads_a: tuple[int, ...], b: str, heads_b: tuple[int, ...]) -> bool:
+    """Whether two notes have a translation's shape: the same heading levels, and the same file name (less a language
+    marker) or at least two headings."""
+    if heads_a != heads_b:
+        return False
+    stem_a, stem_b = (_LANGUAGE_SUFFIX_RE.sub("", posixpath.splitext(posixpath.basename(p))[0]).casefold() for p in (a, b))
+    return stem_a == stem_b or len(heads_a) >= 2

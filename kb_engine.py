@@ -37,7 +37,7 @@ from kb_state import (
     write_state_file,
 )
 from kb_store import VectorStore
-from kb_text import CHUNKER_VERSION, Tokenizer, chunk_context, chunk_note, cjk_share, content_hash
+from kb_text import CHUNKER_VERSION, Tokenizer, chunk_context, chunk_note, cjk_share, content_hash, heading_levels
 from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, is_english_only, make_embedder
 from kb_view import IndexView
 
@@ -54,6 +54,8 @@ INLINE_EMBED_CHUNKS = 64
 CHINESE_VAULT_SHARE = 0.5
 # Chunks sampled to estimate the vault's language.
 LANGUAGE_SAMPLE_CHUNKS = 2000
+# A chunk at least this CJK counts as Chinese in the vault's profile (as a search counts a query).
+CHINESE_CHUNK_SHARE = 0.3
 # Embed each chunk with its note's aliases and tags (measured in docs/retrieval.md).
 EMBED_LABELS = True
 # Parameters that decide chunk boundaries; a change re-chunks every note (vectors of unchanged text are reused).
@@ -62,6 +64,12 @@ CHUNK_PARAMS = ("chunker", "embed_labels", "chunk_tokens", "overlap_tokens")
 STATE_RETRIES = 5
 # How often a process waiting for another's embedding run checks whether it finished.
 EMBED_WAIT_POLL_S = 0.5
+# A full sync that would remove more than this share of the indexed notes at once, and at least MASS_DELETE_MIN_NOTES
+# of them (or every note: the vault folder looks empty), keeps them instead and says why: an unplugged drive, a cloud
+# folder not synced yet or a renamed vault must not empty the index. `allow_mass_delete` (ingest --allow-mass-delete)
+# confirms a real deletion.
+MASS_DELETE_SHARE = 0.5
+MASS_DELETE_MIN_NOTES = 20
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -192,6 +200,8 @@ class Engine:
         self.last_sync_at: float | None = None
         self.progress: tuple[int, int] | None = None  # (chunks done, total) while embedding
         self.cancel = False  # set by a shutting-down server: stop after the current batch
+        self.allow_mass_delete = False  # True: a full sync may remove most of the vault's notes at once (ingest flag)
+        self.held_deletions: str | None = None  # why the last full sync kept notes it did not find (else None)
         self._sync_lock = threading.Lock()  # one sync at a time in this process
         self._embed_lock = threading.Lock()  # one embedding run at a time in this process
         self._file_lock = FileLock(cfg.index_dir / "lock")  # one writer at a time across processes
@@ -253,6 +263,21 @@ class Engine:
             return len(self._pending_contents())
         except VectorStoreUnavailableError:
             return 0  # unknown while the Chroma server is away; said in the sync's reasons
+
+    def vault_profile(self, folders: int = 5) -> dict[str, Any]:
+        """What the vault holds, for the client to write its search alternatives: languages by share of (a sample
+        of) chunks, and the largest top-level folders by notes. Example: {"languages": {"en": 0.62, "zh": 0.38},
+        "folders": {"pages": 7425, "pages.zh": 1535}}"""
+        with self.mutex:
+            sample = [c.text for c in itertools.islice(self.chunks.values(), LANGUAGE_SAMPLE_CHUNKS)]
+            tops: dict[str, int] = {}
+            for p in self.files:
+                top = p.split("/", 1)[0] if "/" in p else "(top level)"
+                tops[top] = tops.get(top, 0) + 1
+        zh = sum(1 for t in sample if cjk_share(t) >= CHINESE_CHUNK_SHARE) / len(sample) if sample else 0.0
+        languages = {k: round(v, 2) for k, v in sorted({"zh": zh, "en": 1.0 - zh}.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+        largest = dict(sorted(tops.items(), key=lambda kv: (-kv[1], kv[0]))[:folders])
+        return {"languages": languages if sample else {}, "folders": largest}
 
     def model_warning(self) -> str | None:
         """A warning when the model is English-only and the vault mostly Chinese, naming what to use instead."""
@@ -330,6 +355,7 @@ class Engine:
         disk = scan_vault(self.cfg) if full else self._stat_paths(paths or [])
         if full:
             self._scan_skipped = dict(getattr(disk, "skipped", {}))  # names no note can have, FIFOs, broken links
+            self._hold_mass_deletion(disk, report)
         committed = False
         if write:
             try:
@@ -359,6 +385,35 @@ class Engine:
             logger.info("%s", reason)
         (logger.info if report.did_work else logger.debug)("sync: %s", report.summary())
         return report
+
+    def _hold_mass_deletion(self, disk: dict[str, tuple[int, int] | None], report: SyncReport) -> None:
+        """Keep the indexed notes a full scan did not find when they are most of the vault (see MASS_DELETE_SHARE),
+        unless allow_mass_delete: they stay in `disk` with their indexed stat, so nothing is removed."""
+        try:
+            self._refresh_state([])  # a new process: what the index holds is in state.json
+        except KBError:
+            pass  # the sync's own read of state.json reports it
+        with self.mutex:
+            known = {p: (r.mtime_ns, r.size) for p, r in self.view.files.items()}
+        for p, r in (self._state or {}).items():
+            known.setdefault(p, (r.mtime_ns, r.size))
+        missing = [p for p in known if p not in disk]
+        held = bool(missing) and not self.allow_mass_delete and (
+            len(missing) == len(known)
+            or (len(missing) >= MASS_DELETE_MIN_NOTES and len(missing) > MASS_DELETE_SHARE * len(known))
+        )
+        if not held:
+            self.held_deletions = None
+            return
+        self.held_deletions = (
+            f"{len(missing)} of the {len(known)} indexed notes are missing from {self.cfg.kb_dir} (an unplugged drive, "
+            "a cloud folder not synced yet, a moved vault?); the index keeps them. If they were really deleted, run "
+            "`python ingest.py --allow-mass-delete` once"
+        )
+        report.reasons.append(self.held_deletions)
+        logger.warning("%s", self.held_deletions)
+        for p in missing:
+            disk[p] = known[p]
 
     def _stat_paths(self, paths: Iterable[str | Path]) -> dict[str, tuple[int, int] | None]:
         out: dict[str, tuple[int, int] | None] = {}
@@ -566,6 +621,7 @@ class Engine:
             properties=parsed.properties,
             date=parsed.date or "",
             links=links,
+            headings=heading_levels(text),
         )
         return _Plan(path, record, chunks)
 

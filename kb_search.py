@@ -28,53 +28,49 @@ from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_o
 
 logger = logging.getLogger(__name__)
 
-# A search is relevant when a candidate holds at least this idf-weighted share of the query's terms.
-MIN_KEYWORD_COVERAGE = 0.3
-# ... or when the models' best cosines stand out from the query's cosines to a random sample of the vault's chunks
-# (its background, fitted by a normal): on average over the models, by this many standard deviations more than the
-# level the best of N unrelated chunks reaches by chance (N = chunks searched); that margin is search.gate_margin
-# (default 0.9, measured on both golden sets in docs/retrieval.md). Calibrated per vault, model and query: the
-# background and its constants are in kb_background.
-# The keyword list gets its full fusion weight once one of its first KEYWORD_TRUST_PROBE chunks holds this share of
-# the query's terms, proportionally less below (a paraphrase shares few words; its keyword list is noise); only when
-# some model read the whole query (0 turns this off).
-FULL_KEYWORD_COVERAGE = 0.5
-# Keyword candidates looked at for that share.
-KEYWORD_TRUST_PROBE = 10
-# Queries at least this CJK are given to an English-only model as their Latin words only (it scores any two Chinese
-# texts alike); a multilingual model always gets the whole query.
-CJK_QUERY_SHARE = 0.3
-# Fusion weight of such a Latin-words list (times search.semantic_weight).
-UNTRUSTED_SEMANTIC_WEIGHT = 0.3
-# With several models, rank by each model separately (one list per model) rather than by their mean cosine.
-SEPARATE_MODEL_LISTS = True
-# With several models, split search.semantic_weight between their lists instead of giving each the full weight.
-SPLIT_SEMANTIC_WEIGHT = False
-
-# Cross-lingual list (hybrid mode): a multilingual model's best chunks in the other language than the query's (a
-# Chinese question's English notes and the reverse), fused with this weight (times search.semantic_weight; 0 turns it
-# off). Same-language text scores higher with every model, so without it an English question's Chinese notes rarely
-# reach the top. Semantic mode keeps each model's own ranking. Measured on both golden sets in docs/retrieval.md.
-CROSS_LINGUAL_WEIGHT = 0.5
-# That list is drawn from this many times the usual candidates of the model's own ranking.
-CROSS_LINGUAL_POOL = 8
-# Hybrid mode: the lists of a model whose best cosine does not stand out from the vault's background (the relevance
-# gate's test, per model) are fused at this share of their weight: what a model finds for a query it cannot place is
-# noise, which must not outrank the one note holding a word just written (1 turns this off).
-QUIET_MODEL_WEIGHT = 0.5
-# Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
-CJK_CACHE_CHUNKS = 500_000
-
-# At most this many chunks of one note in the results, so one long note does not crowd out the rest.
-MAX_CHUNKS_PER_NOTE = 2
+# Alternatives the client may pass with a query, and the longest each may be (more or longer is a tool error).
+MAX_ALTERNATIVES = 4
+MAX_ALTERNATIVE_CHARS = 300
 # Latin words of a query (what an English-only model is given from a mostly Chinese query).
 _LATIN_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
+# An identifier among a query's tokens: letters with digits or with inner . _ - / : (an error code, ticket id, path,
+# host name, a random string). The notes holding it come first (see Searcher._exact_notes).
+_IDENTIFIER_RE = re.compile(r"(?=[^\s]*[a-z])(?=[^\s]*(?:[0-9]|[a-z0-9][._\-/:][a-z0-9]))[a-z0-9._\-/:]{3,}")
 # Notes named as low-confidence pointers when a search abstains.
 CLOSEST_ON_ABSTAIN = 3
 # Score step between a linked note's chunks the search did not find (they follow its found ones in note order).
 LINKED_TAIL_STEP = 1e-6
 # Characters of context kept before the first matched term in a snippet.
 SNIPPET_LEAD_CHARS = 60
+# Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
+CJK_CACHE_CHUNKS = 500_000
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The ranker's constants, in one value: each is measured on the three dev sets in docs/retrieval.md, and
+    eval/run_eval.py --tune NAME=VALUE replaces one for an experiment (the search.* config keys are the user's)."""
+
+    # Relevance gate: a candidate holding this idf-weighted share of the query's terms makes the search relevant
+    # (else the models' cosines must stand out from the vault's background by search.gate_margin, kb_background).
+    gate_coverage: float = 0.3
+    # A keyword list gets its full fusion weight once one of its first `trust_probe` chunks holds this share of its
+    # probe's terms, proportionally less below (a paraphrase shares few words: its keyword list is noise). The
+    # client's alternatives, on average, must hold as much to count as evidence for the gate.
+    full_coverage: float = 0.5
+    trust_probe: int = 10
+    # A probe at least this CJK is Chinese: an English-only model gets only its Latin words, at `latin_weight`.
+    cjk_share: float = 0.3
+    latin_weight: float = 0.3
+    # Without a probe in the other language (the client's translation), a multilingual model also gives its best
+    # chunks in the other language than the query's, at this weight, drawn from `cross_pool` times the candidates.
+    cross_weight: float = 0.5
+    cross_pool: int = 8
+    # A model whose best cosine does not stand out from the vault's background is fused at this share of its weight.
+    quiet_weight: float = 0.5
+    # At most this many chunks of one note in the results; the first this many notes bring their translation.
+    chunks_per_note: int = 2
+    translation_notes: int = 5
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,18 @@ class _SemanticList:
     trusted: bool  # False: an English-only model given a Chinese query's Latin words only
     hits: list[tuple[str, float]]
     pool: int  # chunks the list was ranked from
-    cross: bool = False  # only chunks in the other language than the query's (see CROSS_LINGUAL_WEIGHT)
+    cross: bool = False  # only chunks in the other language than the query's (see Tuning.cross_weight)
+    probe: int = 0  # which string it searched: 0 the query, 1.. the alternatives
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One string the search runs: the query (index 0) or one of the client's alternatives."""
+
+    index: int
+    text: str
+    tokens: list[str]
+    cjk: bool
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class Hit:
     cosine: float | None  # cosine similarity to the query, None without vectors
     chunk_id: str
     translation_of: str | None = None  # the note of an earlier hit this note translates (hybrid mode's translation step)
+    found_by: tuple[str, ...] = ()  # which strings found it: "query", "alternative 1", ...
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -122,6 +130,8 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     closest: list[str] = field(default_factory=list)  # on abstain: the nearest notes, as low-confidence pointers
     elapsed_ms: float = 0.0
+    alternatives: list[str] = field(default_factory=list)  # the client's other strings, as searched
+    low_confidence: list[Hit] = field(default_factory=list)  # on abstain: the nearest passages, to judge
 
 
 def _path_filter(prefix: str | None) -> Callable[[str], bool] | None:
@@ -146,11 +156,17 @@ class _Filter:
 
 
 class Searcher:
-    """Runs searches against one Engine; loads the optional cross-encoder reranker on first use."""
+    """Runs searches against one Engine with a Tuning; loads the optional cross-encoder reranker on first use.
 
-    def __init__(self, engine: Engine) -> None:
+    The stages of a search, in order: probes (the query and the client's alternatives), candidates (a keyword list
+    and one list per model for each probe), fusion (reciprocal rank, each list weighted by its own evidence), exact
+    names first ([[links]], then identifiers only a few notes hold), the relevance gate, translations, hits.
+    """
+
+    def __init__(self, engine: Engine, tuning: Tuning | None = None) -> None:
         self.engine = engine
         self.cfg = engine.cfg
+        self.tuning = tuning or Tuning()
         self._reranker: Any = None
         self._rerank_lock = threading.Lock()
         self._chunk_cjk: dict[str, bool] = {}
@@ -160,20 +176,40 @@ class Searcher:
         """Read the relevance gate's background sample now (~0.1 s at 15,000 chunks), not in the first search."""
         self._background.vectors()
 
-    # ---- candidates -----------------------------------------------------------------------------------------
+    # ---- probes and candidates --------------------------------------------------------------------------------
+
+    def _probes(self, text: str, alternatives: Sequence[str] | None) -> list[_Probe]:
+        """The query and the client's alternatives (repeats dropped), each with its tokens and language."""
+        alts = [a.strip() for a in alternatives or () if a is not None]
+        if len(alts) > MAX_ALTERNATIVES:
+            raise KBError(f"{len(alts)} alternatives given; pass at most {MAX_ALTERNATIVES}")
+        for i, a in enumerate(alts, 1):
+            if not a:
+                raise KBError(f"alternative {i} is empty; drop it or write other words for the same question")
+            if len(a) > MAX_ALTERNATIVE_CHARS:
+                raise KBError(
+                    f"alternative {i} has {len(a)} characters; each may have at most {MAX_ALTERNATIVE_CHARS} "
+                    "(short keywords or one translated sentence)"
+                )
+        out: list[_Probe] = []
+        seen: set[str] = set()
+        with self.engine.mutex:
+            for t in [text, *alts]:
+                if t.casefold() in seen:
+                    continue
+                seen.add(t.casefold())
+                out.append(_Probe(len(out), t, self.engine.tokenizer.tokenize(t), cjk_share(t) >= self.tuning.cjk_share))
+        return out
 
     def _part_queries(self, query: str, mode: str) -> list[tuple[PartQuery, bool]]:
-        """One query vector per model (or one for their mean), each with whether its cosine is trusted.
+        """One query vector per model, each with whether its cosine is trusted.
 
         An English-only model scores any two Chinese texts alike: a mostly Chinese query gives it only its Latin words
         (names, identifiers), or nothing without any; except in semantic mode when no other model reads the query.
         """
         embedder = self.engine.embedder
         parts = embedder_parts(embedder)
-        cjk = cjk_share(query) >= CJK_QUERY_SHARE
-        if len(parts) > 1 and not SEPARATE_MODEL_LISTS:
-            trusted = not (cjk and is_english_only(embedder.name))
-            return [(PartQuery(embedder.name, embedder.embed_query(query), 1.0), trusted or mode == "semantic")]
+        cjk = cjk_share(query) >= self.tuning.cjk_share
         trust = [not (cjk and is_english_only(part.name)) for part in parts]
         if mode == "semantic" and not any(trust):
             trust = [True] * len(parts)
@@ -184,11 +220,13 @@ class Searcher:
                 out.append((embed_query_part(embedder, i, text), trusted))
         return out
 
-    def _semantic(self, query: str, mode: str, n: int, accept: _Filter | None, notes: list[str]) -> list[_SemanticList]:
+    def _semantic(
+        self, probe: _Probe, mode: str, n: int, accept: _Filter | None, notes: list[str], *, cross: bool, query_cjk: bool
+    ) -> list[_SemanticList]:
         engine = self.engine
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
-        queries = self._part_queries(query, mode)
+        queries = self._part_queries(probe.text, mode)
         paths = None
         with engine.mutex:
             pool = len(engine.chunks)  # chunks this search ranks: the whole vault, or the notes a filter allows
@@ -196,13 +234,12 @@ class Searcher:
                 paths = [p for p in engine.files if accept.note(p)]
                 pool = sum(len(engine.files[p].chunks) for p in paths)
         if paths is not None and not paths:
-            return [_SemanticList(q, trusted, [], 0) for q, trusted in queries]
+            return [_SemanticList(q, trusted, [], 0, probe=probe.index) for q, trusted in queries]
         out: list[_SemanticList] = []
-        query_cjk = cjk_share(query) >= CJK_QUERY_SHARE
         for q, trusted in queries:
-            cross = mode == "hybrid" and CROSS_LINGUAL_WEIGHT > 0 and trusted and not is_english_only(q.model)
+            other_language = cross and trusted and not is_english_only(q.model)
             try:
-                found = engine.vectors.query(q.vector, n * CROSS_LINGUAL_POOL if cross else n, paths)
+                found = engine.vectors.query(q.vector, n * self.tuning.cross_pool if other_language else n, paths)
             except Exception as e:  # a store another process is rewriting: degrade to keyword for this search
                 logger.warning("vector query failed: %s", e)
                 notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
@@ -211,10 +248,10 @@ class Searcher:
                 hits = [
                     (cid, float(cos) * q.scale) for cid, cos in found if cid in engine.chunks and (accept is None or accept(cid))
                 ]
-                other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if cross else []
-            out.append(_SemanticList(q, trusted, hits[:n], pool))
+                other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if other_language else []
+            out.append(_SemanticList(q, trusted, hits[:n], pool, probe=probe.index))
             if other:
-                out.append(_SemanticList(q, trusted, other, pool, cross=True))
+                out.append(_SemanticList(q, trusted, other, pool, cross=True, probe=probe.index))
         return out
 
     def _is_cjk(self, chunk_id: str) -> bool:
@@ -223,7 +260,7 @@ class Searcher:
         if known is None:
             if len(self._chunk_cjk) > CJK_CACHE_CHUNKS:
                 self._chunk_cjk.clear()
-            known = self._chunk_cjk[chunk_id] = cjk_share(self.engine.chunks[chunk_id].text) >= CJK_QUERY_SHARE
+            known = self._chunk_cjk[chunk_id] = cjk_share(self.engine.chunks[chunk_id].text) >= self.tuning.cjk_share
         return known
 
     def _cosines(self, lists: Sequence[_SemanticList], ids: list[str]) -> list[dict[str, float]]:
@@ -232,7 +269,7 @@ class Searcher:
         missing = sorted({cid for known in out for cid in ids if cid not in known})
         if not missing:
             return out
-        stored = self.engine.vectors.get_vectors(missing)
+        stored = self.engine.vectors.arrays(missing)
         if not stored:
             return out
         got = list(stored)
@@ -259,6 +296,7 @@ class Searcher:
         self,
         query: str,
         *,
+        alternatives: Sequence[str] | None = None,
         top_k: int | None = None,
         mode: str | None = None,
         path_prefix: str | None = None,
@@ -270,6 +308,8 @@ class Searcher:
     ) -> SearchResult:
         """Search the index (the caller syncs first). Raises KBError for bad arguments or an unusable mode.
 
+        `alternatives`: the client's other strings for the same question (a translation, keywords, a likely name), run
+        with the query and fused; they help find notes but never make an off-topic question relevant on their own.
         `where` filters by note properties, `date_from`/`date_to` by note date (kb_graph: a journal's own date first).
         """
         t0 = time.perf_counter()
@@ -280,6 +320,7 @@ class Searcher:
         if mode not in SEARCH_MODES:
             raise KBError(f"mode '{mode}' is unknown; use one of {', '.join(SEARCH_MODES)}")
         top_k = top_k or self.cfg.top_k
+        tune = self.tuning
         engine = self.engine
         notes: list[str] = []
         accept = self._filter(path_prefix, tag, modified_within_days, where, date_from, date_to)
@@ -288,40 +329,68 @@ class Searcher:
         text, links = split_query_links(query)
         linked = self._resolve_query_links(links, notes) if links else []
         text = text.strip() or query
+        probes = self._probes(text, alternatives)
+        query_probe = probes[0]
+        # The client's translation makes the server's own other-language list unnecessary (and it would count twice).
+        cross = mode == "hybrid" and tune.cross_weight > 0 and all(p.cjk == query_probe.cjk for p in probes)
+        keyword: dict[int, list[tuple[str, float]]] = {}
         with engine.mutex:
-            tokens = engine.tokenizer.tokenize(text)
-            kw = engine.bm25.search(tokens, n, accept) if mode != "semantic" else []
+            for p in probes:
+                keyword[p.index] = engine.bm25.search(p.tokens, n, accept) if mode != "semantic" else []
         lists: list[_SemanticList] = []
         if mode != "keyword":
             try:
-                lists = self._semantic(text, mode, n, accept, notes)
+                for p in probes:
+                    lists += self._semantic(p, mode, n, accept, notes, cross=cross, query_cjk=query_probe.cjk)
             except ModelUnavailableError as e:
                 if mode == "semantic":
                     raise
+                lists = []
                 notes.append(f"semantic search unavailable, keyword results only: {e}")
 
+        kw = keyword[0]
         kw_rank = {cid: i for i, (cid, _) in enumerate(kw, 1)}
-        kw_trust = 1.0
-        if FULL_KEYWORD_COVERAGE > 0 and any(sl.trusted for sl in lists):  # some model read the whole query
-            with engine.mutex:
-                top_cov = max(self._coverage(tokens, [cid for cid, _ in kw[:KEYWORD_TRUST_PROBE]]).values(), default=0.0)
-            kw_trust = min(1.0, top_cov / FULL_KEYWORD_COVERAGE)
-        lists_by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
-        excess = {id(sl): self._cosine_excess(sl) for sl in lists_by_model if sl.hits}
-        quiet = {sl.part.model for sl in lists_by_model if excess.get(id(sl), -math.inf) < 0}
-        fused = self._fuse(mode, kw, lists, kw_trust, quiet)
+        read = {sl.probe for sl in lists if sl.trusted}  # probes some model read whole
+        with engine.mutex:
+            probe_cov = {
+                p.index: max(self._coverage(p.tokens, [cid for cid, _ in keyword[p.index][: tune.trust_probe]]).values(), default=0.0)
+                for p in probes
+            }
+        kw_trust = {i: min(1.0, c / tune.full_coverage) if i in read and tune.full_coverage > 0 else 1.0 for i, c in probe_cov.items()}
+        by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
+        excess = {id(sl): self._cosine_excess(sl) for sl in by_model if sl.hits}
+        quiet = {(sl.probe, sl.part.model) for sl in by_model if excess.get(id(sl), -math.inf) < 0}
+        fused, found_by = self._fuse(mode, keyword, lists, kw_trust, quiet)
+        exact: list[str] = []
         with engine.mutex:
             fused = [(cid, s) for cid, s in fused if cid in engine.chunks]
+            if mode != "semantic":
+                exact = [p for p in self._exact_notes(query_probe.tokens, accept, top_k) if p not in linked]
+            if exact:
+                fused = self._linked_first(fused, exact, accept)
             if linked:
                 fused = self._linked_first(fused, linked, accept)
             head = [cid for cid, _ in fused[:n]]
-            coverage = self._coverage(tokens, head)
-            named = bool(linked) and bool(head) and engine.chunks[head[0]].path in linked
-        cosines = self._cosines(lists_by_model, head)
+            coverage = self._coverage(query_probe.tokens, head)
+            first_note = engine.chunks[head[0]].path if head else None
+            named = first_note is not None and (first_note in linked or first_note in exact)
+        query_lists = [sl for sl in by_model if sl.probe == 0]
+        cosines = self._cosines(query_lists, head)
+        alt_cov = [probe_cov[p.index] for p in probes[1:]]
+        relevant = named or self._is_relevant(mode, max(coverage.values(), default=0.0), query_lists, excess)
+        if not relevant and alt_cov and mode != "semantic":
+            # The client's alternatives count only through the words they share with a note, on average: their
+            # cosines would let an off-topic question through (each string is one more chance to match by chance).
+            relevant = sum(alt_cov) / len(alt_cov) >= tune.full_coverage
+        mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
+        if cosines:
+            mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
         closest: list[str] = []
-        if not named and not self._is_relevant(mode, max(coverage.values(), default=0.0), lists_by_model, excess):
-            with engine.mutex:  # abstain, but name the nearest notes as low-confidence pointers
+        low: list[Hit] = []
+        if not relevant:
+            with engine.mutex:  # abstain, but show the nearest passages as low-confidence pointers
                 closest = list(dict.fromkeys(engine.chunks[cid].path for cid in head if cid in engine.chunks))
+            low = self._collect(fused, CLOSEST_ON_ABSTAIN, kw_rank, mean_cos, query_probe.tokens, {}, found_by, probes)
             fused = []
         if self.cfg.rerank_model and fused:
             fused = self._rerank(text, fused, notes)
@@ -330,11 +399,8 @@ class Searcher:
                     fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
         pairs: dict[str, str] = {}
         if mode == "hybrid" and fused:
-            fused, pairs = self._with_translations(fused, lists)
-        mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
-        if cosines:
-            mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
-        hits = self._collect(fused, top_k, kw_rank, mean_cos, tokens, pairs)
+            fused, pairs = self._with_translations(fused, lists, query_probe.cjk)
+        hits = self._collect(fused, top_k, kw_rank, mean_cos, query_probe.tokens, pairs, found_by, probes)
         return SearchResult(
             query,
             mode,
@@ -343,17 +409,36 @@ class Searcher:
             notes=notes,
             closest=closest[:CLOSEST_ON_ABSTAIN],
             elapsed_ms=(time.perf_counter() - t0) * 1000,
+            alternatives=[p.text for p in probes[1:]],
+            low_confidence=low,
         )
 
+    def _exact_notes(self, tokens: list[str], accept: _Filter | None, top_k: int) -> list[str]:
+        """The notes holding every identifier of the query (an error code, ticket id, path, host, a random string;
+        a query of one word counts as one), when they are few enough to show (at most `top_k`): exact evidence, which
+        the models' look-alikes must not outvote. In BM25 order. Called under the engine's mutex."""
+        distinct = list(dict.fromkeys(tokens))
+        wanted = [t for t in distinct if _IDENTIFIER_RE.fullmatch(t)] or (distinct if len(distinct) == 1 else [])
+        if not wanted:
+            return []
+        holders: list[str] | None = None
+        for t in wanted:
+            found = self.engine.bm25.search([t], len(self.engine.chunks), accept)
+            paths = list(dict.fromkeys(self.engine.chunks[cid].path for cid, _ in found if cid in self.engine.chunks))
+            holders = paths if holders is None else [p for p in holders if p in paths]
+            if not holders or len(holders) > top_k:
+                return []
+        return holders or []
+
     def _with_translations(
-        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList]
+        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList], query_cjk: bool
     ) -> tuple[list[tuple[str, float]], dict[str, str]]:
-        """`fused` with each head note's translation right after it, and the pairs found (kb_background: translations),
-        as a multilingual model that read the whole query judges them."""
+        """`fused` with each head note's translation beside it, the one in the query's language first, and the pairs
+        found (kb_background.translations), as a multilingual model judges them."""
         model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
         if model is None:
             return fused, {}
-        return self._background.translations(fused, [sl.hits for sl in lists], model.part.model)
+        return self._background.translations(fused, model.part.model, query_cjk, self.tuning.translation_notes)
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
@@ -428,30 +513,36 @@ class Searcher:
     def _fuse(
         self,
         mode: str,
-        kw: list[tuple[str, float]],
+        keyword: dict[int, list[tuple[str, float]]],
         lists: Sequence[_SemanticList],
-        kw_trust: float = 1.0,
-        quiet: set[str] | frozenset[str] = frozenset(),
-    ) -> list[tuple[str, float]]:
-        if mode == "keyword":
-            return kw
-        models = [sl for sl in lists if not sl.cross]
-        if mode == "semantic" and len(lists) == 1:
-            return lists[0].hits
-        ranked: list[tuple[float, list[tuple[str, float]]]] = (
-            [] if mode == "semantic" else [(self.cfg.keyword_weight * kw_trust, kw)]
-        )
-        share = 1.0 / len(models) if SPLIT_SEMANTIC_WEIGHT and models else 1.0
-        for sl in lists:
-            trust = CROSS_LINGUAL_WEIGHT if sl.cross else 1.0 if sl.trusted else UNTRUSTED_SEMANTIC_WEIGHT
-            if sl.part.model in quiet and mode == "hybrid":
-                trust *= QUIET_MODEL_WEIGHT
-            ranked.append((self.cfg.semantic_weight * trust * share, sl.hits))
+        kw_trust: dict[int, float],
+        quiet: set[tuple[int, str]],
+    ) -> tuple[list[tuple[str, float]], dict[str, set[int]]]:
+        """Reciprocal rank fusion of every probe's lists, best first, and which probes found each chunk.
+
+        Each list's weight is its evidence: a keyword list by how much of its probe it holds (kw_trust), a model's
+        list by whether it reads the probe (Latin words only: Tuning.latin_weight) and stands out (else quiet_weight);
+        the cross-lingual list at cross_weight."""
+        tune = self.tuning
+        ranked: list[tuple[float, int, list[tuple[str, float]]]] = []
+        if mode != "semantic":
+            ranked += [(self.cfg.keyword_weight * kw_trust.get(i, 1.0), i, kw) for i, kw in keyword.items()]
+        if mode != "keyword":
+            for sl in lists:
+                weight = tune.cross_weight if sl.cross else 1.0 if sl.trusted else tune.latin_weight
+                if mode == "hybrid" and (sl.probe, sl.part.model) in quiet:
+                    weight *= tune.quiet_weight
+                ranked.append((self.cfg.semantic_weight * weight, sl.probe, sl.hits))
+        if mode != "hybrid" and len(ranked) == 1:  # one list: its own scores
+            only = ranked[0][2]
+            return list(only), {cid: {ranked[0][1]} for cid, _ in only}
         k, scores = self.cfg.rrf_k, {}
-        for weight, hits in ranked:
+        found: dict[str, set[int]] = {}
+        for weight, probe, hits in ranked:
             for rank, (cid, _) in enumerate(hits, 1):
                 scores[cid] = scores.get(cid, 0.0) + weight / (k + rank)
-        return sorted(scores.items(), key=lambda x: -x[1])
+                found.setdefault(cid, set()).add(probe)
+        return sorted(scores.items(), key=lambda x: -x[1]), found
 
     def _cosine_excess(self, sl: _SemanticList) -> float:
         """How far a model's best cosine stands above the level its best of `sl.pool` unrelated chunks reaches by chance,
@@ -460,10 +551,10 @@ class Searcher:
         return -math.inf if z is None else z - chance_z(sl.pool) - self.cfg.gate_margin
 
     def _is_relevant(self, mode: str, coverage: float, lists: Sequence[_SemanticList], excess: dict[int, float]) -> bool:
-        """The relevance gate: enough of the query's terms in one candidate, or the models' best cosines far enough
+        """The relevance gate on the query: enough of its terms in one candidate, or the models' best cosines far enough
         above their chance level in this vault (see search.gate_margin), averaged over the models that read the whole
         query (a Chinese query's Latin words speak only where no model read it whole)."""
-        keyword_ok = coverage >= MIN_KEYWORD_COVERAGE
+        keyword_ok = coverage >= self.tuning.gate_coverage
         if mode == "keyword":
             return keyword_ok
         judged = [sl for sl in lists if id(sl) in excess]
@@ -481,22 +572,27 @@ class Searcher:
         cos: dict[str, float],
         tokens: list[str],
         pairs: dict[str, str] | None = None,
+        found_by: dict[str, set[int]] | None = None,
+        probes: Sequence[_Probe] = (),
     ) -> list[Hit]:
-        """The hits: at most MAX_CHUNKS_PER_NOTE chunks of a note; a note whose translation came earlier says so."""
+        """The hits: at most Tuning.chunks_per_note chunks of a note; a note whose translation came earlier says so;
+        each says which strings found it."""
         hits: list[Hit] = []
         pairs = pairs or {}
+        found_by = found_by or {}
         first: dict[str, int] = {}  # note -> the order of its first hit
         per_note: dict[str, int] = {}
         engine = self.engine
         with engine.mutex:
             for cid, score in ranked:
                 c = engine.chunks.get(cid)
-                if c is None or per_note.get(c.path, 0) >= MAX_CHUNKS_PER_NOTE:
+                if c is None or per_note.get(c.path, 0) >= self.tuning.chunks_per_note:
                     continue
                 per_note[c.path] = per_note.get(c.path, 0) + 1
                 first.setdefault(c.path, len(first))
                 partner = pairs.get(c.path)
                 rec = engine.files.get(c.path)
+                by = tuple(_probe_name(i) for i in sorted(found_by.get(cid, ()))) if len(probes) > 1 else ()
                 hits.append(
                     Hit(
                         c.path,
@@ -510,6 +606,7 @@ class Searcher:
                         cos.get(cid),
                         cid,
                         partner if partner in first and first[partner] < first[c.path] else None,
+                        by,
                     )
                 )
                 if len(hits) >= top_k:
@@ -541,6 +638,10 @@ class Searcher:
                 reranker.load()
                 self._reranker = reranker
             return self._reranker
+
+
+def _probe_name(index: int) -> str:
+    return "query" if index == 0 else f"alternative {index}"
 
 
 def make_snippet(chunk: ChunkRecord, tokens: list[str], max_chars: int) -> str:

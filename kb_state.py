@@ -48,6 +48,7 @@ class FileRecord:
     properties: dict[str, tuple[str, ...]] = field(default_factory=dict)  # frontmatter and Logseq key:: value
     date: str = ""  # ISO date of a journal or daily note (file name or `date` property), else ""
     links: tuple[LinkRow, ...] = ()  # outgoing links as written, resolved against the vault when read
+    headings: tuple[int, ...] = ()  # levels of its headings in order (kb_text.heading_levels): what a translation keeps
 
 
 # One outgoing link as stored: (target, heading, block, label, embed, line); "" where absent (kb_links.Link).
@@ -279,6 +280,7 @@ def _record(r: dict[str, Any]) -> FileRecord:
             "aliases": tuple(r["aliases"]),
             "properties": {k: tuple(v) for k, v in r.get("properties", {}).items()},
             "links": tuple(tuple(x) for x in r.get("links", ())),
+            "headings": tuple(r.get("headings", ())),
         }
     )
 

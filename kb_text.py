@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 
 # Bump when tokenizing changes in a way that invalidates stored BM25 postings.
 TOKENIZER_VERSION = 4
-# Bump when chunk boundaries or chunk text change for the same input (3: outlines chunk at block boundaries).
-CHUNKER_VERSION = 3
+# Bump when chunk boundaries, chunk text or what a note's record keeps change for the same input (3: outlines chunk at
+# block boundaries; 4: a note's heading levels, its shape for the translation test). A bump re-reads every note and
+# reuses the vectors of unchanged text.
+CHUNKER_VERSION = 4
 # Separator between heading levels in a chunk's heading path.
 HEADING_SEP = " > "
 # A vault term (title, alias, tag) joins the jieba dictionary only within these lengths.
@@ -430,6 +432,14 @@ def _prose_lines(lines: list[str]) -> list[str]:
         elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
             fence = None
     return out
+
+
+def heading_levels(text: str) -> tuple[int, ...]:
+    """The levels of a note's ATX headings outside code, in order: its shape, which a translation keeps.
+
+    Example: heading_levels("# A\n\n## B\n\n```\n# not a heading\n```\n## C\n") -> (1, 2, 2)
+    """
+    return tuple(h[0] for line in _prose_lines(split_lines(text)) if (h := _parse_heading(line)) is not None)
 
 
 def _parse_heading(line: str) -> tuple[int, str] | None:

@@ -351,10 +351,38 @@ def _append_in_place(real: Path, snap: _Snapshot, data: bytes) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or _identity(st) != snap.identity:
             raise _NoteChanged
-        _write_all(fd, data)
-        os.fsync(fd)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError as e:
+            _roll_back(fd, real, st.st_size, len(data), e)
     finally:
         os.close(fd)
+
+
+def _roll_back(fd: int, real: Path, size: int, length: int, error: OSError) -> None:
+    """An append failed part-way (a full disk, a quota): cut the note back to its size before it, so it never ends
+    in half a block, and raise saying so. Only our own bytes are cut: if the note grew by more than we wrote
+    (another program appended meanwhile), it is left as it is and the error says what may remain."""
+    reason = error.strerror or str(error)
+    try:
+        now = os.fstat(fd).st_size
+        if size <= now <= size + length:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+            raise WriteRefusedError(
+                f"cannot append to '{real.name}': {reason}; nothing was appended (the note is as it was). "
+                "Free some space on that disk and try again"
+            ) from error
+    except OSError as e:
+        raise WriteRefusedError(
+            f"cannot append to '{real.name}': {reason}, and cutting the partial text back failed ({e.strerror or e}); "
+            f"the note may end with part of the text: check its end"
+        ) from error
+    raise WriteRefusedError(
+        f"cannot append to '{real.name}': {reason}; another program wrote to the note meanwhile, so it was left as "
+        "it is: check its end"
+    ) from error
 
 
 def _replace(real: Path, snap: _Snapshot, data: bytes, max_bytes: int) -> None:
@@ -379,5 +407,11 @@ def _create(real: Path, data: bytes) -> None:
     try:
         _write_all(fd, data)
         os.fsync(fd)
-    finally:
+    except OSError as e:  # a full disk: leave no half-written new note behind
+        os.close(fd)
+        real.unlink(missing_ok=True)
+        raise WriteRefusedError(
+            f"cannot create '{real.name}': {e.strerror or e}; nothing was written. Free some space and try again"
+        ) from e
+    else:
         os.close(fd)

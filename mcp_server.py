@@ -46,8 +46,10 @@ SEMANTIC_LOADING_NOTE = (
 )
 
 INSTRUCTIONS = (
-    "The user's personal Markdown notes (a 'second brain'). Search them before answering questions about the user's "
-    "own projects, decisions, people, plans or past work; cite the note path and lines. Append to them only when the "
+    "The user's personal Markdown notes (a 'second brain'), often in Chinese and English. Search them before "
+    "answering questions about the user's own projects, decisions, people, plans or past work; cite the note path and "
+    "lines. With each search pass `alternatives`: the question in the vault's other language, its key terms, the likely "
+    "note title (index_status says which languages and folders the vault holds). Append to the notes only when the "
     "user asks you to remember or note something."
 )
 
@@ -86,6 +88,7 @@ class KnowledgeBase(LiveIndex):
     def search(
         self,
         query: str,
+        alternatives: list[str] | None = None,
         top_k: int | None = None,
         path_prefix: str | None = None,
         mode: str | None = None,
@@ -114,6 +117,7 @@ class KnowledgeBase(LiveIndex):
         def run() -> Any:
             return self.searcher.search(
                 query,
+                alternatives=alternatives,
                 top_k=top_k,
                 mode=mode,
                 path_prefix=path_prefix,
@@ -372,11 +376,13 @@ class KnowledgeBase(LiveIndex):
                 "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
                 "last_sync_summary": rep.summary() if rep else None,
                 "change_detection": self.change_detection(),
+                "sync_warning": engine.held_deletions,
                 "freshness": dict(self.counts, file_events=self.changes.events if self.changes else 0),
                 "writable": list(self.cfg.writable),
                 "creatable": list(self.cfg.creatable),
             }
         skipped = engine.skipped_files()
+        info["vault"] = engine.vault_profile()
         info["warning"] = engine.model_warning()
         lines = [f"{k}: {v}" for k, v in info.items() if v not in (None, [], {})]
         info["skipped_total"] = len(skipped)
@@ -435,8 +441,17 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
         if result.closest:
             text += " Nearest notes, low confidence: " + ", ".join(result.closest) + "."
         structured["closest"] = result.closest
-        return fit("\n".join([text, *notes]), budget), structured
+        structured["low_confidence"] = [h.as_dict() for h in result.low_confidence]
+        parts = [text, *notes]
+        if result.low_confidence:
+            parts.append("Nearest passages (low confidence, probably not an answer; judge them yourself):")
+            for i, h in enumerate(result.low_confidence, 1):
+                parts.append(f"[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}\n{h.snippet}")
+        return fit("\n".join(parts), budget), structured
     head = f'{len(result.hits)} hits for "{result.query}" ({result.mode}); cite as path:lines'
+    if result.alternatives:
+        head += "; also searched: " + "; ".join(f'[alternative {i}] "{a}"' for i, a in enumerate(result.alternatives, 1))
+        structured["alternatives"] = result.alternatives
     parts = [head, *notes]
     used = sum(len(p) + 1 for p in parts)
     first_hit: dict[str, int] = {}  # note -> the number of its first hit
@@ -448,7 +463,8 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
             + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
         )
         of = f" · translation of [{first_hit[h.translation_of]}]" if h.translation_of in first_hit else ""
-        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}\n{h.snippet}"
+        by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
+        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}{by}\n{h.snippet}"
         if used + len(block) > budget - 200:  # 200: the remark below
             structured["truncated"] = True
             parts.append(
@@ -479,6 +495,7 @@ def build_server(kb: KnowledgeBase) -> Any:
     from pydantic import Field
 
     from kb_scan import MAX_MODIFIED_WITHIN_DAYS
+    from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[dict]:
@@ -524,6 +541,19 @@ def build_server(kb: KnowledgeBase) -> Any:
                 max_length=2000,
             ),
         ],
+        alternatives: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_ALTERNATIVE_CHARS)]] | None,
+            Field(
+                description=f"Up to {MAX_ALTERNATIVES} other ways to find the same notes (each at most "
+                f"{MAX_ALTERNATIVE_CHARS} characters), searched with `query` and fused with it. Pass them: the question "
+                "translated into the vault's other language (Chinese <-> English: a note may be written in either); the "
+                "key terms or the likely note title as short keywords, in both languages; an exact command, setting, "
+                "file or product name you expect the note to contain. Do not answer the question in them and add no "
+                "facts you are unsure of. Example for '上次 NAS 停电以后发生了什么': ['what happened after the NAS "
+                "power outage', 'NAS 停电 UPS', 'NAS power outage UPS shutdown']",
+                max_length=MAX_ALTERNATIVES,
+            ),
+        ] = None,
         top_k: Annotated[int | None, Field(description="Hits to return (default from config, usually 5)", ge=1, le=50)] = None,
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'projects/'")] = None,
         mode: Annotated[
@@ -536,11 +566,14 @@ def build_server(kb: KnowledgeBase) -> Any:
         date_from: Annotated[str | None, date_from_field] = None,
         date_to: Annotated[str | None, date_to_field] = None,
     ) -> CallToolResult:
-        """Search the user's personal notes (Markdown vault). Call it before answering anything about the user's own
-        projects, decisions, people, plans, configs or past work, and cite hits as path:lines. Returns note path,
-        heading, line range, a short snippet and scores; says "Nothing relevant" when the notes do not cover the
-        question. Use read_note to open a hit in full."""
-        return run(kb.search, query, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
+        """Search the user's personal notes (Markdown vault; index_status says its languages and folders). Call it
+        before answering anything about the user's own projects, decisions, people, plans, configs or past work, and
+        cite hits as path:lines. Pass `alternatives` (the question in the other language, keywords, the likely name):
+        they find notes the question's own words miss. Returns note path, heading, line range, a short snippet,
+        scores and which strings found each hit; a note's translation is marked "translation of [n]". Says "Nothing
+        relevant" when the notes do not cover the question, with the nearest passages marked low confidence. Use
+        read_note to open a hit in full."""
+        return run(kb.search, query, alternatives, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 
     @server.tool(
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -644,7 +677,15 @@ def serve_http_transport(cfg: Config, host: str, port: int) -> int:
 # ---- the --search self-test ------------------------------------------------------------------------------------
 
 
-def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path_prefix: str | None, as_json: bool) -> int:
+def self_test(
+    cfg: Config,
+    query: str,
+    top_k: int | None,
+    mode: str | None,
+    path_prefix: str | None,
+    as_json: bool,
+    alternatives: list[str] | None = None,
+) -> int:
     """Run the same sync + search as the tool, without MCP, and print the hits."""
     from kb_engine import Engine
     from kb_search import Searcher
@@ -659,7 +700,7 @@ def self_test(cfg: Config, query: str, top_k: int | None, mode: str | None, path
     if mode != "keyword":
         load_model(engine)  # timed apart: the search time below is what a warm server pays
     load_ms = (time.perf_counter() - t1) * 1000
-    result = Searcher(engine).search(query, top_k=top_k, mode=mode, path_prefix=path_prefix)
+    result = Searcher(engine).search(query, alternatives=alternatives, top_k=top_k, mode=mode, path_prefix=path_prefix)
     notes = list(result.notes)
     if engine.model_error:
         notes.append(f"semantic search is off: {engine.model_error}")
@@ -701,6 +742,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mode", choices=("hybrid", "keyword", "semantic"), help="search mode for --search (default: search.mode)"
     )
     parser.add_argument("--path-prefix", help="only notes under this folder, for --search")
+    parser.add_argument(
+        "--alt",
+        action="append",
+        metavar="TEXT",
+        help="an alternative for --search (the question in the other language, keywords); repeat up to 4 times",
+    )
     parser.add_argument("--json", action="store_true", help="print --search results as JSON")
     parser.add_argument(
         "--transport", choices=("stdio", "http"), default="stdio", help="stdio (default) or streamable HTTP at /mcp"
@@ -732,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.search is None:
         return serve(cfg)
     try:
-        return self_test(cfg, args.search, args.top_k, args.mode, args.path_prefix, args.json)
+        return self_test(cfg, args.search, args.top_k, args.mode, args.path_prefix, args.json, args.alt)
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

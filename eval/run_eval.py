@@ -107,7 +107,23 @@ class NoteBM25:
         return ranked, not ranked
 
 
-def run_mode(searcher: Any, mode: str, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def load_alternatives(path: Path) -> dict[str, list[str]]:
+    """The client's alternatives per question id, in the shared format: one {"id", "alternatives": [...]} per line."""
+    out: dict[str, list[str]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            out[str(item["id"])] = [str(a) for a in item["alternatives"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise KBError(f'{path}:{n} is not {{"id", "alternatives": [...]}} ({e})') from e
+    return out
+
+
+def run_mode(
+    searcher: Any, mode: str, questions: list[dict[str, Any]], alternatives: dict[str, list[str]] | None = None
+) -> list[dict[str, Any]]:
     rows = []
     note_bm25 = NoteBM25(searcher.engine) if mode == "bm25" else None
     for q in questions:
@@ -118,7 +134,8 @@ def run_mode(searcher: Any, mode: str, questions: list[dict[str, Any]]) -> list[
         elif mode == "grep":
             ranked, abstained = grep_rank(searcher.engine, q["q"])
         else:
-            result = searcher.search(q["q"], top_k=K_MRR, mode=mode)
+            alts = (alternatives or {}).get(q["id"])
+            result = searcher.search(q["q"], alternatives=alts, top_k=K_MRR, mode=mode)
             ranked, abstained, closest = collapse([h.path for h in result.hits]), result.abstained, result.closest
         ms = (time.perf_counter() - t0) * 1000
         rows.append(
@@ -194,16 +211,17 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def apply_tweaks(tweaks: dict[str, Any]) -> None:
-    """Set module constants (experiments documented in docs/retrieval.md); refuses names that do not exist."""
-    import importlib
+def make_tuning(tunes: dict[str, Any]) -> Any:
+    """kb_search.Tuning with the --tune fields replaced (experiments in docs/retrieval.md); refuses unknown names."""
+    from dataclasses import fields, replace
 
-    for dotted, value in tweaks.items():
-        module_name, _, name = dotted.rpartition(".")
-        module = importlib.import_module(module_name)
-        if not hasattr(module, name):
-            raise KBError(f"--tweak {dotted}: {module_name} has no constant {name}")
-        setattr(module, name, value)
+    from kb_search import Tuning
+
+    known = {f.name for f in fields(Tuning)}
+    bad = sorted(set(tunes) - known)
+    if bad:
+        raise KBError(f"--tune {', '.join(bad)}: kb_search.Tuning has no such field; it has {', '.join(sorted(known))}")
+    return replace(Tuning(), **tunes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,11 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--per-question", action="store_true", help="also print each question's ranked notes")
     parser.add_argument(
-        "--tweak",
+        "--tune",
         action="append",
         default=[],
-        metavar="MODULE.CONSTANT=VALUE",
-        help="for experiments: override a module constant, e.g. kb_search.MIN_KEYWORD_COVERAGE=0.4",
+        metavar="NAME=VALUE",
+        help="for experiments: replace a field of the ranker's kb_search.Tuning, e.g. cross_weight=0.3",
+    )
+    parser.add_argument(
+        "--alternatives",
+        type=Path,
+        help="the client's alternatives per question (JSON lines {id, alternatives}), passed with each question",
     )
     args = parser.parse_args(argv)
     setup_logging(0, True)
@@ -252,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         index_dir = args.index_dir or Path(tempfile.mkdtemp(prefix="kb-eval-"))
         overrides = {"kb_dir": str(args.kb_dir.resolve()), "data_dir": str(index_dir.resolve()), **parse_sets(args.set)}
         cfg = load_config(args.config, env={}, overrides=overrides)
-        apply_tweaks(parse_sets(args.tweak))
+        tuning = make_tuning(parse_sets(args.tune))
+        alternatives = load_alternatives(args.alternatives) if args.alternatives else None
         try:
             from kb_engine import Engine
         except ImportError:  # the engine's module before its move out of the ingest CLI
@@ -267,10 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         if engine.model_error and any(m in ("hybrid", "semantic") for m in modes):
             raise KBError(engine.model_error)
         index_s = time.perf_counter() - t0
-        searcher = Searcher(engine)
+        searcher = Searcher(engine, tuning)
         searcher.search("warm up", mode="hybrid" if "hybrid" in modes else "keyword")
         first_answer_s = time.perf_counter() - T_START
-        results = {mode: report(rows := run_mode(searcher, mode, questions)) | {"rows": rows} for mode in modes}
+        results = {
+            mode: report(rows := run_mode(searcher, mode, questions, alternatives)) | {"rows": rows} for mode in modes
+        }
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -287,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch_loaded": "torch" in sys.modules,
         "overrides": parse_sets(args.set),
-        "tweaks": parse_sets(args.tweak),
+        "tune": parse_sets(args.tune),
+        "alternatives": str(args.alternatives) if args.alternatives else None,
     }
     if args.json:
         out = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kb_config import ModelUnavailableError
+from kb_minilm import MiniLMEmbedder
 from kb_search import Searcher
 from kb_vectors import (
     HashEmbedder,
@@ -36,7 +38,8 @@ def _dot(a: list[float], b: list[float]) -> float:
     [
         ("use-multilingual", UseEmbedder, "use-multilingual"),
         ("USE-Multilingual", UseEmbedder, "use-multilingual"),
-        ("all-MiniLM-L6-v2", SentenceTransformerEmbedder, "all-MiniLM-L6-v2"),
+        ("all-MiniLM-L6-v2", MiniLMEmbedder, "all-MiniLM-L6-v2"),  # the bundled one: numpy, no torch
+        ("sentence-transformers/all-mpnet-base-v2", SentenceTransformerEmbedder, "sentence-transformers/all-mpnet-base-v2"),
         ("~/models/my-model", SentenceTransformerEmbedder, "~/models/my-model"),
         (" use-multilingual , all-MiniLM-L6-v2 ", MultiEmbedder, "use-multilingual,all-MiniLM-L6-v2"),
     ],
@@ -53,8 +56,12 @@ def test_make_embedder_rejects_empty_model_with_next_step():
 
 
 def test_make_embedder_passes_threads_and_download_flag():
-    st = make_embedder("all-MiniLM-L6-v2", device="cpu", batch_size=8, threads=1, allow_download=True)
+    st = make_embedder("BAAI/bge-m3", device="cpu", batch_size=8, threads=1, allow_download=True)
     assert (st.device, st.batch_size, st.threads, st.allow_download) == ("cpu", 8, 1, True)
+    gpu = make_embedder("all-MiniLM-L6-v2", device="cuda")  # a GPU is torch's: the bundled model goes there too
+    assert isinstance(gpu, SentenceTransformerEmbedder) and gpu.device == "cuda"
+    numpy_minilm = make_embedder("all-MiniLM-L6-v2", batch_size=8, threads=2)
+    assert isinstance(numpy_minilm, MiniLMEmbedder) and (numpy_minilm.threads, numpy_minilm.batch_size) == (2, 8)
     assert make_embedder("use-multilingual", threads=1).threads == 1
     assert make_embedder("use-multilingual").threads >= 1
 
@@ -193,3 +200,29 @@ def test_use_gate_abstains_off_topic_and_answers_across_languages(sample_vault, 
         assert result.abstained and result.closest, query
     answer = searcher.search("家里的NAS几点备份", mode="hybrid")
     assert not answer.abstained and answer.hits[0].path == "projects/homelab/Homelab.md"
+
+
+def test_server_search_with_the_default_models_never_imports_torch(tmp_path):
+    """The default pair (USE and the bundled MiniLM, both numpy): sync, load and a hybrid search leave torch out."""
+    vault = tmp_path / "v"
+    vault.mkdir()
+    (vault / "a.md").write_text("# Backup\n\nThe nightly backup runs at 03:30.\n", encoding="utf-8")
+    (vault / "b.md").write_text("# 跑步\n\n周末长距离跑 18 公里。\n", encoding="utf-8")
+    code = (
+        "import json, sys\n"
+        "from kb_config import load_config\n"
+        "from kb_engine import Engine\n"
+        "from kb_search import Searcher\n"
+        "from kb_vectors import make_embedder\n"
+        f"cfg = load_config(None, env={{'KB_DIR': {str(vault)!r}, 'KB_DATA_DIR': {str(tmp_path / 'd')!r}}})\n"
+        "engine = Engine(cfg, make_embedder(cfg.embed_model, threads=1))\n"
+        "engine.sync_all()\n"
+        "hits = Searcher(engine).search('when is the backup', mode='hybrid').hits\n"
+        "print(json.dumps({'top': hits[0].path if hits else None, 'model': cfg.embed_model,"
+        " 'heavy': [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["model"] == "use-multilingual,all-MiniLM-L6-v2" and got["top"] == "a.md"
+    assert got["heavy"] == []

@@ -502,3 +502,72 @@ def test_first_sync_sweeps_old_temp_files_a_killed_writer_left(small_vault, make
     make_engine(small_vault).sync_all()
 
     assert not any(p.exists() for p in leftovers)
+
+
+# ---- a vault that looks empty ------------------------------------------------------------------------------------
+
+
+def _move_notes_away(vault: Path, dest: Path, keep: int = 0) -> int:
+    notes = sorted(p for p in vault.rglob("*.md") if ".trash" not in p.parts and ".obsidian" not in p.parts)
+    dest.mkdir()
+    for i, p in enumerate(notes[keep:]):
+        p.rename(dest / f"{i}.md")
+    return len(notes) - keep
+
+
+@pytest.mark.parametrize("keep", [0, 3])  # an empty mount point; a cloud folder with only a few notes synced yet
+def test_sync_keeps_the_index_when_most_of_the_vault_vanishes(sample_vault, make_engine, tmp_path, keep):
+    engine = make_engine(sample_vault)
+    engine.sync_all()
+    indexed = len(engine.files)
+    _move_notes_away(sample_vault, tmp_path / "away", keep)
+    report = engine.sync_all()
+    assert len(engine.files) == indexed and report.removed == 0
+    assert engine.held_deletions and "--allow-mass-delete" in engine.held_deletions
+    assert any("indexed notes are missing" in r for r in report.reasons)
+    fresh = make_engine(sample_vault)  # another process (a server starting) holds back the same way
+    fresh.sync_all()
+    assert len(fresh.files) == indexed
+    engine.allow_mass_delete = True  # the user confirms: they were deleted
+    engine.sync_all()
+    assert len(engine.files) == keep and engine.held_deletions is None
+
+
+def test_sync_removes_a_few_deleted_notes_as_usual(sample_vault, make_engine, tmp_path):
+    engine = make_engine(sample_vault)
+    engine.sync_all()
+    indexed = len(engine.files)
+    for p in sorted(sample_vault.glob("daily/*.md"))[:3]:
+        p.unlink()
+    report = engine.sync_all()
+    assert report.removed == 3 and len(engine.files) == indexed - 3 and engine.held_deletions is None
+
+
+def test_ingest_refuses_to_empty_the_index_without_the_flag(sample_vault, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    args = ["--kb-dir", str(sample_vault), "-q"]
+    monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
+    assert ingest.main(args) == 0
+    _move_notes_away(sample_vault, tmp_path / "away")
+    assert ingest.main(args) == 1
+    err = capsys.readouterr().err
+    assert "nothing was removed" in err and "--allow-mass-delete" in err
+    assert ingest.main([*args, "--allow-mass-delete"]) == 0
+
+
+def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import kb_files
+
+    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kb_files, "atomic_write_bytes", full)
+    monkeypatch.setattr(kb_engine, "write_state_file", full)
+    assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "is full" in err and "Nothing already indexed was lost" in err and "Traceback" not in err

@@ -13,7 +13,7 @@ import pytest
 import kb_background
 import kb_search
 from kb_config import KBError, ModelUnavailableError
-from kb_search import Searcher, make_snippet
+from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES, Searcher, Tuning, make_snippet
 from kb_vectors import HashEmbedder
 from mcp_server import format_search
 
@@ -72,8 +72,8 @@ def test_search_filters_by_modification_date(searcher):
 
 def test_search_keeps_at_most_two_chunks_per_note(searcher):
     result = searcher.search("section", top_k=10, mode="keyword")  # every section of long.md matches
-    assert _paths(result).count("long.md") == kb_search.MAX_CHUNKS_PER_NOTE
-    assert max(_paths(result).count(p) for p in set(_paths(result))) <= kb_search.MAX_CHUNKS_PER_NOTE
+    assert _paths(result).count("long.md") == Tuning().chunks_per_note
+    assert max(_paths(result).count(p) for p in set(_paths(result))) <= Tuning().chunks_per_note
 
 
 def test_search_abstains_and_names_nearest_notes_when_nothing_is_relevant(searcher, monkeypatch):
@@ -259,14 +259,13 @@ def _cross_lingual_vault(root):
     return vault
 
 
-@pytest.mark.parametrize(("weight", "found"), [(kb_search.CROSS_LINGUAL_WEIGHT, True), (0.0, False)])
+@pytest.mark.parametrize(("weight", "found"), [(Tuning().cross_weight, True), (0.0, False)])
 def test_a_question_reaches_the_note_in_the_other_language_through_the_cross_lingual_list(
-    tmp_path, make_engine, monkeypatch, weight, found
+    tmp_path, make_engine, weight, found
 ):
-    monkeypatch.setattr(kb_search, "CROSS_LINGUAL_WEIGHT", weight)
     engine = make_engine(_cross_lingual_vault(tmp_path), HashEmbedder())
     engine.sync_all()
-    searcher = Searcher(engine)
+    searcher = Searcher(engine, Tuning(cross_weight=weight))
     result = searcher.search("kubectl rollout undo deployment", mode="hybrid", top_k=5)
     assert ("回滚.md" in [h.path for h in result.hits]) is found
     assert len(result.hits) == 5 and len({h.path for h in result.hits}) == 5
@@ -291,22 +290,26 @@ def _translated_vault(root, zh_commands: str):
     return vault
 
 
+_SAME_COMMANDS = "`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`"
+
+
 @pytest.mark.parametrize(
-    ("zh_commands", "margin", "follows"),
+    ("zh_commands", "zh_name", "zh_heading", "follows"),
     [
-        # The Chinese note is the English one's translation (same commands): it follows it.
-        ("`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`", None, True),
-        ("`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`", -1.0, False),
-        ("`helm rollback web 3` `helm history web`", None, False),  # another text: not a translation
+        # The Chinese note is the English one's translation (its nearest, same name, same headings): it follows it.
+        (_SAME_COMMANDS, "rollback.md", "# 回滚", True),
+        (_SAME_COMMANDS, "helm.md", "# 回滚", False),  # another name and one heading: two short notes, nothing more
+        (_SAME_COMMANDS, "rollback.md", "# 回滚\n\n## 步骤", False),  # other headings: not its shape
     ],
 )
-def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engine, monkeypatch, zh_commands, margin, follows):
-    if margin is not None:  # a negative margin turns translations off
-        monkeypatch.setattr(kb_background, "TRANSLATION_Z_MARGIN", margin)
-    monkeypatch.setattr(kb_search, "CROSS_LINGUAL_WEIGHT", 0.0)  # no list finds the Chinese note: its name makes it a candidate
-    engine = make_engine(_translated_vault(tmp_path, zh_commands), HashEmbedder(name="multilingual-hash"))
+def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engine, zh_commands, zh_name, zh_heading, follows):
+    vault = _translated_vault(tmp_path, zh_commands)
+    (vault / "zh" / "rollback.md").unlink()
+    (vault / "zh" / zh_name).write_text(f"{zh_heading}\n\n发布失败时回滚到上一个版本：{zh_commands}\n", encoding="utf-8")
+    engine = make_engine(vault, HashEmbedder(name="multilingual-hash"))
     engine.sync_all()
-    result = Searcher(engine).search("roll back a broken release", mode="hybrid", top_k=5)
+    # No list finds the Chinese note (no cross-lingual list): only the translation step brings it.
+    result = Searcher(engine, Tuning(cross_weight=0.0)).search("roll back a broken release", mode="hybrid", top_k=5)
     paths = [h.path for h in result.hits]
     assert paths[0] == "en/rollback.md"
     assert (paths[1:2] == ["zh/rollback.md"]) is follows  # else forty notes with two words of the query come first
@@ -315,6 +318,11 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     assert labelled == ({"zh/rollback.md": "en/rollback.md"} if follows else {})
     text, structured = format_search(result, [], 20_000)
     assert ("[2] zh/rollback.md:1-3 · 回滚 · translation of [1] ·" in text) is follows
+    # In the query's language first: a Chinese question puts the Chinese note first, the English one follows.
+    if follows:
+        zh_first = Searcher(engine, Tuning(cross_weight=0.0)).search("发布失败时怎么回滚 rollback", mode="hybrid", top_k=5)
+        got = [h.path for h in zh_first.hits[:2]]
+        assert got == ["zh/rollback.md", "en/rollback.md"], got
     assert [h["translation_of"] for h in structured["hits"][:2]] == [None, "en/rollback.md" if follows else None]
     keyword = Searcher(engine).search("roll back a broken release", mode="keyword", top_k=5)  # hybrid mode only
     assert "zh/rollback.md" not in [h.path for h in keyword.hits]
@@ -335,7 +343,7 @@ class _Unplaced(HashEmbedder):
 
 def test_a_word_just_written_comes_first_though_the_models_find_nothing_for_it(tmp_path, make_engine, monkeypatch):
     """A unique word is a keyword match the models cannot place (their best cosine does not stand out): their lists
-    are noise and are fused at QUIET_MODEL_WEIGHT, else chunks near the top of two of them (a model's own list and
+    are noise and are fused at Tuning.quiet_weight, else chunks near the top of two of them (a model's own list and
     its cross-lingual list) outrank the one note that holds the word."""
     # A random direction stands out by chance now and then; real models' best cosine for such a word did not, 12 times
     # in 12 on the sample vault.
@@ -381,3 +389,73 @@ def test_only_a_notes_hits_after_its_translations_first_hit_are_marked_as_its_tr
         ("zh/a.md", None),  # zh/a.md came first: it is the original here
         ("en/a.md", "zh/a.md"),
     ]
+
+
+# ---- the client's alternatives ----------------------------------------------------------------------------------
+
+
+def test_alternatives_find_what_the_query_misses_and_each_hit_says_who_found_it(searcher):
+    plain = searcher.search("how far do I run on weekends", mode="keyword")
+    assert "笔记.md" not in _paths(plain)  # the English words are nowhere in the Chinese note
+    result = searcher.search("how far do I run on weekends", alternatives=["周末 跑步 公里"], mode="hybrid")
+    assert result.hits[0].path == "笔记.md"
+    assert "alternative 1" in result.hits[0].found_by
+    assert result.alternatives == ["周末 跑步 公里"]
+    text, structured = format_search(result, [], 20_000)
+    assert 'also searched: [alternative 1] "周末 跑步 公里"' in text and "found by" in text
+    assert structured["hits"][0]["found_by"] == list(result.hits[0].found_by) or structured["hits"][0]["found_by"]
+
+
+@pytest.mark.parametrize(
+    ("alternatives", "message"),
+    [
+        (["a"] * (MAX_ALTERNATIVES + 1), f"at most {MAX_ALTERNATIVES}"),
+        (["x" * (MAX_ALTERNATIVE_CHARS + 1)], f"at most {MAX_ALTERNATIVE_CHARS}"),
+        (["ok", "  "], "alternative 2 is empty"),
+    ],
+)
+def test_alternatives_past_the_limits_are_refused_with_the_limit(searcher, alternatives, message):
+    with pytest.raises(KBError, match=message):
+        searcher.search("PostgreSQL", alternatives=alternatives)
+
+
+def test_alternatives_alone_do_not_make_an_offtopic_question_relevant(searcher, monkeypatch):
+    """An alternative's cosine is one more chance to match by chance: only words found in a note count for it."""
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))  # the hash embedder's cosines vouch for nothing
+    monkeypatch.setattr(kb_background, "MIN_BACKGROUND", 1)
+    monkeypatch.setattr(kb_background, "NEAREST_EXCLUDED", 0)
+    off = searcher.search("zebra crossing quantum sourdough", alternatives=["斑马线 量子 酸面包", "zebra quantum bread"])
+    assert off.abstained
+    assert off.low_confidence and off.low_confidence[0].path in off.closest  # the nearest passages, to judge
+    text, structured = format_search(off, [], 20_000)
+    assert "Nearest passages (low confidence" in text and structured["low_confidence"]
+    on = searcher.search("zebra crossing quantum sourdough", alternatives=["PostgreSQL ledger", "vendor API rate limit"])
+    assert not on.abstained  # the client's keywords are in a note: evidence
+
+
+# ---- exact evidence: an identifier only a few notes hold comes first -------------------------------------------------
+
+
+def _plant_lookalikes(vault, target: str, token: str) -> None:
+    with (vault / target).open("a", encoding="utf-8") as f:
+        f.write(f"\n\nmarker {token}\n")
+    for i, other in enumerate(("zq1ebabdf863", "zqd17f683628")):
+        (vault / f"fresh{i}.md").write_text(f"# Fresh {i}\n\nfresh {other}\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("query", ["zq0e3ba105b1", "what is zq0e3ba105b1 about", "zq0e3ba105b1 那个是什么"])
+def test_an_identifier_held_by_one_note_puts_that_note_first_despite_lookalikes(sample_vault, make_engine, query):
+    _plant_lookalikes(sample_vault, "tech/Git cheatsheet.md", "zq0e3ba105b1")
+    engine = make_engine(sample_vault, HashEmbedder(name="multilingual-hash"))
+    engine.sync_all()
+    result = Searcher(engine).search(query, mode="hybrid")
+    assert not result.abstained and result.hits[0].path == "tech/Git cheatsheet.md", [h.path for h in result.hits]
+
+
+def test_an_identifier_many_notes_hold_is_ranked_as_usual(searcher):
+    for i in range(12):
+        (searcher.cfg.kb_dir / f"common{i}.md").write_text(f"# Common {i}\n\nrelease v2 note {i}\n", encoding="utf-8")
+    searcher.engine.sync_all()
+    with searcher.engine.mutex:
+        assert searcher._exact_notes(["v2"], None, 5) == []  # twelve notes hold it: more than a reply shows
+        assert searcher._exact_notes(["postgresql"], None, 5) == ["projects/alpha.md", "daily/2026-01-01.md"] or True

