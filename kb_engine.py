@@ -390,7 +390,7 @@ class Engine:
         """Keep the indexed notes a full scan did not find when they are most of the vault (see MASS_DELETE_SHARE),
         unless allow_mass_delete: they stay in `disk` with their indexed stat, so nothing is removed."""
         try:
-            self._refresh_state([])  # a new process: what the index holds is in state.json
+            self._refresh_state(report.reasons)  # a new process: what the index holds is in state.json
         except KBError:
             pass  # the sync's own read of state.json reports it
         with self.mutex:
@@ -398,9 +398,13 @@ class Engine:
         for p, r in (self._state or {}).items():
             known.setdefault(p, (r.mtime_ns, r.size))
         missing = [p for p in known if p not in disk]
-        held = bool(missing) and not self.allow_mass_delete and (
-            len(missing) == len(known)
-            or (len(missing) >= MASS_DELETE_MIN_NOTES and len(missing) > MASS_DELETE_SHARE * len(known))
+        held = (
+            bool(missing)
+            and not self.allow_mass_delete
+            and (
+                len(missing) == len(known)
+                or (len(missing) >= MASS_DELETE_MIN_NOTES and len(missing) > MASS_DELETE_SHARE * len(known))
+            )
         )
         if not held:
             self.held_deletions = None

@@ -353,10 +353,14 @@ class Searcher:
         read = {sl.probe for sl in lists if sl.trusted}  # probes some model read whole
         with engine.mutex:
             probe_cov = {
-                p.index: max(self._coverage(p.tokens, [cid for cid, _ in keyword[p.index][: tune.trust_probe]]).values(), default=0.0)
+                p.index: max(
+                    self._coverage(p.tokens, [cid for cid, _ in keyword[p.index][: tune.trust_probe]]).values(), default=0.0
+                )
                 for p in probes
             }
-        kw_trust = {i: min(1.0, c / tune.full_coverage) if i in read and tune.full_coverage > 0 else 1.0 for i, c in probe_cov.items()}
+        kw_trust = {
+            i: min(1.0, c / tune.full_coverage) if i in read and tune.full_coverage > 0 else 1.0 for i, c in probe_cov.items()
+        }
         by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
         excess = {id(sl): self._cosine_excess(sl) for sl in by_model if sl.hits}
         quiet = {(sl.probe, sl.part.model) for sl in by_model if excess.get(id(sl), -math.inf) < 0}

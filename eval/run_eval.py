@@ -294,9 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         searcher = Searcher(engine, tuning)
         searcher.search("warm up", mode="hybrid" if "hybrid" in modes else "keyword")
         first_answer_s = time.perf_counter() - T_START
-        results = {
-            mode: report(rows := run_mode(searcher, mode, questions, alternatives)) | {"rows": rows} for mode in modes
-        }
+        results = {mode: report(rows := run_mode(searcher, mode, questions, alternatives)) | {"rows": rows} for mode in modes}
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -260,9 +260,7 @@ def _cross_lingual_vault(root):
 
 
 @pytest.mark.parametrize(("weight", "found"), [(Tuning().cross_weight, True), (0.0, False)])
-def test_a_question_reaches_the_note_in_the_other_language_through_the_cross_lingual_list(
-    tmp_path, make_engine, weight, found
-):
+def test_a_question_reaches_the_note_in_the_other_language_through_the_cross_lingual_list(tmp_path, make_engine, weight, found):
     engine = make_engine(_cross_lingual_vault(tmp_path), HashEmbedder())
     engine.sync_all()
     searcher = Searcher(engine, Tuning(cross_weight=weight))
