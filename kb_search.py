@@ -135,12 +135,11 @@ class SearchResult:
 
 
 def _path_filter(prefix: str | None) -> Callable[[str], bool] | None:
-    if not prefix:
-        return None
-    p = prefix.strip().replace("\\", "/").strip("/")
-    if not p or p == ".":
-        return None
-    return lambda path: path == p or path.startswith(p + "/")
+    """The folder filter of path_prefix, read as list_notes reads it ("./projects/", "projects//alpha", "\\x")."""
+    from kb_scan import normalize_prefix, under_prefix
+
+    folder = normalize_prefix(prefix)
+    return (lambda path: under_prefix(path, folder)) if folder else None
 
 
 class _Filter:

@@ -53,6 +53,12 @@ def test_search_filters_by_path_prefix_before_ranking(searcher):
     assert searcher.search("PostgreSQL", path_prefix="nowhere", mode="hybrid").abstained
 
 
+@pytest.mark.parametrize("prefix", ["daily/", "./daily/", "daily//", "/daily", "\\daily\\", "./daily"])
+def test_search_reads_path_prefix_as_list_notes_does(searcher, prefix):
+    """Search had its own prefix parser: "./daily/" or "daily//" found nothing while list_notes took them."""
+    assert _paths(searcher.search("PostgreSQL", path_prefix=prefix, mode="hybrid")) == ["daily/2026-01-01.md"]
+
+
 def test_search_filters_by_tag_including_child_tags(searcher):
     assert set(_paths(searcher.search("PostgreSQL", tag="work", mode="keyword"))) == {"projects/alpha.md", "daily/2026-01-01.md"}
     assert _paths(searcher.search("PostgreSQL", tag="#work/meeting", mode="keyword")) == ["daily/2026-01-01.md"]

@@ -55,7 +55,7 @@ def test_collector_keeps_only_notes_and_ignore_files(tmp_path):
     [
         (_event("deleted", "/v/folder", is_dir=True), {"/v/folder"}, False),
         (_event("moved", "/v/old", "/v/new", is_dir=True), {"/v/old"}, False),
-        (_event("created", "/v/new", is_dir=True), set(), False),
+        (_event("created", "/v/new", is_dir=True), None, None),  # nothing yet: its notes send their own events
         (_event("modified", "/v/sub/.kbignore"), set(), True),
         (_event("created", "/v/note.md"), set(), False),
     ],
@@ -64,9 +64,10 @@ def test_collector_reports_folders_gone_and_asks_full_walk_only_for_ignore_files
     c = ChangeCollector(tmp_path, [".md"])
     c.on_event(event)
     changes = c.take()
-    assert changes is not None or (not folders and not full)
-    if changes is not None:
-        assert changes.folders == folders and changes.full is full
+    if folders is None:
+        assert changes is None
+    else:
+        assert changes is not None and changes.folders == folders and changes.full is full
 
 
 def test_expand_folders_adds_the_indexed_notes_under_a_folder_gone(tmp_path):
