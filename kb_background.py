@@ -175,6 +175,11 @@ class Background:
             done.update(p[0] for p in pair)
         return out, pairs
 
+    def notes_for(self, model: str) -> int:
+        """Build the notes' vectors in `model`'s slots now (the translation step's first use); returns how many."""
+        notes = self._note_matrix(model)
+        return len(notes.paths) if notes is not None else 0
+
     def _nearest_other(self, notes: _NoteMatrix, path: str) -> str | None:
         """The note in the other language nearest to `path` (whole-note cosine), or None if there is none."""
         i = notes.row[path]
