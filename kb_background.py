@@ -134,8 +134,8 @@ class Background:
                         break
             records = {p: engine.files.get(p) for p in head}
         pairs: dict[str, str] = {}
-        moves: dict[str, str] = {}  # a head note's first chunk -> its translation's first chunk, placed beside it
-        for path in list(head):
+        chunk_of = dict(head)  # each paired note -> the chunk that stands for it (a translation brought in: its first)
+        for path in head:
             if path in pairs:
                 continue
             other = self._nearest_other(notes, path)
@@ -143,33 +143,24 @@ class Background:
                 continue
             with engine.mutex:
                 a, b = records.get(path) or engine.files.get(path), engine.files.get(other)
-                first = engine.files[other].chunks[0] if b is not None and b.chunks else None
-            if a is None or b is None or first is None or not _same_shape(path, a.headings, other, b.headings):
+            if a is None or b is None or not b.chunks or not _same_shape(path, a.headings, other, b.headings):
                 continue
             pairs.update({path: other, other: path})
-            if other not in head:  # one already among the first notes keeps its place
-                moves[head[path]] = first
+            chunk_of.setdefault(other, b.chunks[0])  # one already among the first notes keeps its own chunk
         if not pairs:
             return fused, {}
         # Each pair sits together where its first note was, the note in the query's language first.
-        lang = {p: bool(notes.cjk[notes.row[p]]) for p in pairs}
         with engine.mutex:
             path_of = {cid: engine.chunks[cid].path for cid, _ in fused if cid in engine.chunks}
-        partner_chunk = {path: cid for path, cid in head.items()}
-        partner_chunk.update({engine_path: first for engine_path, first in _moved_paths(moves, path_of, pairs).items()})
         out: Ranked = []
         done: set[str] = set()
         for cid, score in fused:
             if cid in done:
                 continue
             path = path_of.get(cid)
-            partner = pairs.get(path) if path is not None and head.get(path) == cid else None
-            if partner is None or partner not in partner_chunk:
-                out.append((cid, score))
-                done.add(cid)
-                continue
-            pair = [(cid, score), (partner_chunk[partner], score)]
-            if lang[path] != query_cjk:
+            partner = pairs.get(path) if path is not None and chunk_of.get(path) == cid else None
+            pair = [(cid, score)] if partner is None else [(cid, score), (chunk_of[partner], score)]
+            if partner is not None and bool(notes.cjk[notes.row[path]]) != query_cjk:
                 pair.reverse()
             out.extend(p for p in pair if p[0] not in done)
             done.update(p[0] for p in pair)
@@ -191,17 +182,20 @@ class Background:
         return notes.paths[int(np.argmax(sims))]
 
     def _note_matrix(self, model: str) -> _NoteMatrix | None:
-        """Every note's vector in `model`'s slots (rebuilt when the view changed; unchanged notes are reused)."""
+        """Every note's vector in `model`'s slots (rebuilt when the view or the vectors changed; a note whose chunks
+        and vector are unchanged is reused)."""
         engine = self.engine
         with engine.mutex:
-            key = (engine.view.version, model)
+            key = (engine.view.version, engine.store.segments, model)  # segments: vectors embedded since
             if self._notes is not None and self._notes[0] == key:
                 return self._notes[1]
             records = {p: r.chunks for p, r in engine.files.items() if r.chunks}
             first = {p: chunks[0] for p, chunks in records.items() if chunks[0] in engine.chunks}
         slots, _ = model_slots(engine.embedder, model)
         cache = self._note_vectors
-        todo = [p for p, chunks in records.items() if p in first and (p not in cache or cache[p][0] != chunks)]
+        todo = [
+            p for p, chunks in records.items() if p in first and (p not in cache or cache[p][0] != chunks or cache[p][1] is None)
+        ]
         if todo:
             stored = engine.vectors.arrays([c for p in todo for c in records[p]])
             for p in todo:
@@ -226,11 +220,6 @@ class Background:
         )
         self._notes = (key, out)
         return out
-
-
-def _moved_paths(moves: dict[str, str], path_of: dict[str, str], pairs: dict[str, str]) -> dict[str, str]:
-    """The translations brought in from outside the head: their note -> their first chunk."""
-    return {pairs[path_of[head_chunk]]: first for head_chunk, first in moves.items() if head_chunk in path_of}
 
 
 def _same_shape(a: str, heads_a: tuple[int, ...], b: str, heads_b: tuple[int, ...]) -> bool:

@@ -223,19 +223,31 @@ class Searcher:
                 out.append((embed_query_part(embedder, i, text), trusted))
         return out
 
+    def _scope(self, accept: _Filter | None) -> tuple[list[str] | None, int]:
+        """The notes a filter allows (None: the whole vault) and how many chunks they hold: what a search ranks."""
+        with self.engine.mutex:
+            if accept is None:
+                return None, len(self.engine.chunks)
+            paths = [p for p in self.engine.files if accept.note(p)]
+            return paths, sum(len(self.engine.files[p].chunks) for p in paths)
+
     def _semantic(
-        self, probe: _Probe, mode: str, n: int, accept: _Filter | None, notes: list[str], *, cross: bool, query_cjk: bool
+        self,
+        probe: _Probe,
+        mode: str,
+        n: int,
+        accept: _Filter | None,
+        scope: tuple[list[str] | None, int],
+        notes: list[str],
+        *,
+        cross: bool,
+        query_cjk: bool,
     ) -> list[_SemanticList]:
         engine = self.engine
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
         queries = self._part_queries(probe.text, mode)
-        paths = None
-        with engine.mutex:
-            pool = len(engine.chunks)  # chunks this search ranks: the whole vault, or the notes a filter allows
-            if accept is not None:
-                paths = [p for p in engine.files if accept.note(p)]
-                pool = sum(len(engine.files[p].chunks) for p in paths)
+        paths, pool = scope
         if paths is not None and not paths:
             return [_SemanticList(q, trusted, [], 0, probe=probe.index) for q, trusted in queries]
         out: list[_SemanticList] = []
@@ -343,8 +355,9 @@ class Searcher:
         lists: list[_SemanticList] = []
         if mode != "keyword":
             try:
+                scope = self._scope(accept)  # once for every probe
                 for p in probes:
-                    lists += self._semantic(p, mode, n, accept, notes, cross=cross, query_cjk=query_probe.cjk)
+                    lists += self._semantic(p, mode, n, accept, scope, notes, cross=cross, query_cjk=query_probe.cjk)
             except ModelUnavailableError as e:
                 if mode == "semantic":
                     raise

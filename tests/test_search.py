@@ -463,3 +463,15 @@ def test_an_identifier_many_notes_hold_is_ranked_as_usual(searcher):
     with searcher.engine.mutex:
         assert searcher._exact_notes(["v2"], None, 5) == []  # twelve notes hold it: more than a reply shows
         assert searcher._exact_notes(["postgresql"], None, 5) == ["projects/alpha.md", "daily/2026-01-01.md"] or True
+
+
+def test_a_translation_is_found_once_its_vectors_arrive_after_the_first_search(tmp_path, make_engine):
+    """The notes' vectors are cached: a note searched before its chunks were embedded must not stay without one."""
+    engine = make_engine(_translated_vault(tmp_path, _SAME_COMMANDS), HashEmbedder(name="multilingual-hash"))
+    engine.sync_all(embed_limit=0)  # committed, nothing embedded yet (a server right after a bulk change)
+    searcher = Searcher(engine, Tuning(cross_weight=0.0))
+    searcher._background.notes_for("multilingual-hash")  # built while no note has a vector
+    engine.embed_pending()
+    result = searcher.search("roll back a broken release", mode="hybrid", top_k=5)
+    assert [h.path for h in result.hits[:2]] == ["en/rollback.md", "zh/rollback.md"]
+    assert result.hits[1].translation_of == "en/rollback.md"
