@@ -25,7 +25,7 @@ import numpy as np
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
 from kb_links import parse_links
-from kb_scan import is_logseq_graph, note_rel_path, read_note_bytes, scan_vault
+from kb_scan import Stat, is_logseq_graph, note_rel_path, note_stat, read_note_bytes, scan_vault
 from kb_state import (
     ChunkRecord,
     FileLock,
@@ -209,7 +209,7 @@ class Engine:
         self._view_loaded = False
         self._swept = False
         self._state: dict[str, FileRecord] | None = None  # state.json as last read (None: not yet)
-        self._state_stats: dict[str, tuple[int, int]] = {}
+        self._state_stats: dict[str, Stat] = {}
         self._state_rework = False  # some record must be re-read (its chunking parameters changed)
         self._state_meta: dict[str, Any] = {}
         self._state_id: tuple | None = None
@@ -386,7 +386,7 @@ class Engine:
         (logger.info if report.did_work else logger.debug)("sync: %s", report.summary())
         return report
 
-    def _hold_mass_deletion(self, disk: dict[str, tuple[int, int] | None], report: SyncReport) -> None:
+    def _hold_mass_deletion(self, disk: dict[str, Stat | None], report: SyncReport) -> None:
         """Keep the indexed notes a full scan did not find when they are most of the vault (see MASS_DELETE_SHARE),
         unless allow_mass_delete: they stay in `disk` with their indexed stat, so nothing is removed."""
         try:
@@ -394,9 +394,9 @@ class Engine:
         except KBError:
             pass  # the sync's own read of state.json reports it
         with self.mutex:
-            known = {p: (r.mtime_ns, r.size) for p, r in self.view.files.items()}
+            known = {p: r.stat for p, r in self.view.files.items()}
         for p, r in (self._state or {}).items():
-            known.setdefault(p, (r.mtime_ns, r.size))
+            known.setdefault(p, r.stat)
         missing = [p for p in known if p not in disk]
         held = (
             bool(missing)
@@ -419,8 +419,8 @@ class Engine:
         for p in missing:
             disk[p] = known[p]
 
-    def _stat_paths(self, paths: Iterable[str | Path]) -> dict[str, tuple[int, int] | None]:
-        out: dict[str, tuple[int, int] | None] = {}
+    def _stat_paths(self, paths: Iterable[str | Path]) -> dict[str, Stat | None]:
+        out: dict[str, Stat | None] = {}
         for p in paths:
             rel = note_rel_path(self.cfg, p if Path(p).is_absolute() else self.cfg.kb_dir / p)
             if rel is None:
@@ -428,7 +428,7 @@ class Engine:
                 continue
             try:
                 st = os.stat(self.cfg.kb_dir / rel)
-                out[rel] = (st.st_mtime_ns, st.st_size)
+                out[rel] = note_stat(st)
             except OSError:
                 out[rel] = None
         return out
@@ -488,7 +488,7 @@ class Engine:
     def _set_state(self, files: dict[str, FileRecord]) -> None:
         """Adopt a state table, with the stat map the no-change fast path compares against."""
         self._state = files
-        self._state_stats = {p: (r.mtime_ns, r.size) for p, r in files.items()}
+        self._state_stats = {p: r.stat for p, r in files.items()}
         self._state_rework = any(not (r.md5 or r.skipped) for r in files.values())
 
     def _commit_state(self, segments: Sequence[str] | None = None) -> None:
@@ -516,9 +516,7 @@ class Engine:
 
     # ---- the writer: notes -> state.json ----------------------------------------------------------------------------
 
-    def _write_sync(
-        self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport, progress: ProgressFn | None
-    ) -> None:
+    def _write_sync(self, disk: dict[str, Stat | None], full: bool, report: SyncReport, progress: ProgressFn | None) -> None:
         self._refresh_state(report.reasons)
         assert self._state is not None
         if self._switch_model:
@@ -562,23 +560,23 @@ class Engine:
             self._switch_model = False
         report.reasons.append(f"embedding model changed from {old!r} to {self.params['model']!r}: re-embedding every chunk")
 
-    def _work_list(self, disk: dict[str, tuple[int, int] | None], full: bool) -> list[tuple[str, tuple[int, int] | None]]:
+    def _work_list(self, disk: dict[str, Stat | None], full: bool) -> list[tuple[str, Stat | None]]:
         if full and not self._state_rework and disk == self._state_stats:
             return []  # the common case before a search: one dict comparison instead of a loop over every note
         state = self._state or {}
-        work: list[tuple[str, tuple[int, int] | None]] = []
+        work: list[tuple[str, Stat | None]] = []
         for path, stat in disk.items():
             old = state.get(path)
             if stat is None:
                 if old is not None:
                     work.append((path, None))
-            elif old is None or (old.mtime_ns, old.size) != stat or not (old.md5 or old.skipped):
+            elif old is None or old.stat != stat or not (old.md5 or old.skipped):
                 work.append((path, stat))
         if full:
             work.extend((p, None) for p in state if p not in disk)
         return work
 
-    def _plan(self, path: str, stat: tuple[int, int], old: FileRecord | None) -> _Plan:
+    def _plan(self, path: str, stat: Stat, old: FileRecord | None) -> _Plan:
         """Read a note once: same md5 as `old` -> touched; else chunked; unreadable -> a record with a skip reason."""
         try:
             if stat[1] > self.cfg.max_file_bytes:
@@ -586,12 +584,12 @@ class Engine:
             raw = read_note_bytes(self.cfg.kb_dir / path, self.cfg.max_file_bytes)  # never blocks on a FIFO
             md5 = hashlib.md5(raw).hexdigest()
             if old is not None and old.md5 == md5 and not old.skipped:
-                return _Plan(path, replace(old, mtime_ns=stat[0], size=stat[1]), [], touched=True)
+                return _Plan(path, old.with_stat(stat), [], touched=True)
             text, encoding = decode_note(raw)
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             logger.warning("skipping %s: %s", path, reason)
-            return _Plan(path, FileRecord(stat[0], stat[1], "", skipped=reason), [])
+            return _Plan(path, FileRecord(stat[0], stat[1], "", skipped=reason, ctime_ns=stat[2], inode=stat[3]), [])
         parsed = chunk_note(
             text,
             Path(path).stem,
@@ -626,6 +624,8 @@ class Engine:
             date=parsed.date or "",
             links=links,
             headings=heading_levels(text),
+            ctime_ns=stat[2],
+            inode=stat[3],
         )
         return _Plan(path, record, chunks)
 
@@ -641,10 +641,10 @@ class Engine:
             for plan in batch:
                 cur = state.get(plan.path)
                 if cur is not None and cur.md5 and cur.md5 == plan.record.md5:
-                    if not plan.touched and cur.mtime_ns == plan.record.mtime_ns:
+                    if not plan.touched and cur.stat == plan.record.stat:
                         done.append(plan)  # another process indexed this exact content already
                         continue
-                    state[plan.path] = replace(cur, mtime_ns=plan.record.mtime_ns, size=plan.record.size)
+                    state[plan.path] = cur.with_stat(plan.record.stat)
                     counts["touched"] += 1
                     details.append((plan.path, "touched"))
                     continue
@@ -809,7 +809,7 @@ class Engine:
     def _view_params(self) -> dict[str, Any]:
         return {k: v for k, v in self.params.items() if k != "model"}
 
-    def _reconcile_view(self, disk: dict[str, tuple[int, int] | None], full: bool, report: SyncReport) -> None:
+    def _reconcile_view(self, disk: dict[str, Stat | None], full: bool, report: SyncReport) -> None:
         """Make this process's view match the notes: take records another process committed, re-chunk the rest."""
         try:
             self._refresh_state([] if report.vectors else report.reasons)
@@ -826,11 +826,7 @@ class Engine:
             gone = [p for p, s in disk.items() if s is None and p in view.files]
             if full:
                 gone += [p for p in view.files if p not in disk]
-            todo = [
-                (p, s)
-                for p, s in disk.items()
-                if s is not None and (p not in view.files or (view.files[p].mtime_ns, view.files[p].size) != s)
-            ]
+            todo = [(p, s) for p, s in disk.items() if s is not None and (p not in view.files or view.files[p].stat != s)]
         changed = bool(gone)
         with self.mutex:
             for path in gone:
@@ -841,9 +837,9 @@ class Engine:
         for path, stat in todo:
             mine = view.files.get(path)
             shared = state.get(path)
-            if mine and shared and mine.md5 and shared.md5 == mine.md5 and (shared.mtime_ns, shared.size) == stat:
+            if mine and shared and mine.md5 and shared.md5 == mine.md5 and shared.stat == stat:
                 with self.mutex:
-                    view.set_record(path, replace(mine, mtime_ns=stat[0], size=stat[1]))
+                    view.set_record(path, mine.with_stat(stat))
                 continue
             plans.append((self._plan(path, stat, mine), mine))
         with self.mutex:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from kb_config import Config, KBError
+from kb_scan import Stat, note_stat
 from kb_state import file_identity
 
 logger = logging.getLogger(__name__)
@@ -368,9 +369,9 @@ class LiveIndex:
             rec = engine.files.get(path)
             try:
                 st = os.stat(self.cfg.kb_dir / path)
-                now: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+                now: Stat | None = note_stat(st)
             except OSError:
                 now = None
-            if rec is None or now != (rec.mtime_ns, rec.size):
+            if rec is None or now != rec.stat:
                 stale.append(path)
         return stale

@@ -138,8 +138,20 @@ def config_rules(cfg: Config) -> list[IgnoreRule]:
     return parse_ignore_lines(list(cfg.ignore), "")
 
 
-class VaultScan(dict[str, tuple[int, int]]):
-    """scan_vault's result: {relative posix path: (mtime_ns, size)} for every note, plus `skipped`:
+# A note's change signature: (mtime_ns, size, ctime_ns, inode). Size and mtime alone miss an edit that keeps both
+# (`rsync -t`, backup restores and some sync clients set mtime back); ctime cannot be set back by a user and an
+# editor's save-by-rename gives a new inode, as git's index also compares them. A differing signature only means
+# "read it again": the md5 decides whether anything is re-chunked or re-embedded.
+Stat = tuple[int, int, int, int]
+
+
+def note_stat(st: os.stat_result) -> Stat:
+    """The change signature of a stat result (see Stat)."""
+    return (st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino)
+
+
+class VaultScan(dict[str, Stat]):
+    """scan_vault's result: {relative posix path: Stat} for every note, plus `skipped`:
     {path: reason} for entries named like notes that cannot be indexed (a name that is not UTF-8, a FIFO or other
     non-regular file, a dangling or looping symlink, a link out of the vault). Ignored files are not listed.
     """
@@ -207,7 +219,7 @@ def _stat_failure(entry: os.DirEntry[str], e: OSError) -> str | None:
 
 
 def scan_vault(cfg: Config) -> VaultScan:
-    """Walk the vault and return {relative posix path: (mtime_ns, size)} for every note not ignored.
+    """Walk the vault and return {relative posix path: Stat} for every note not ignored.
 
     Only regular files are notes; entries named like notes that cannot be indexed are in the result's `skipped`.
     Stat pairs are plain tuples and the loop is kept lean: this walk runs before every search (about 30 ms for
@@ -265,7 +277,7 @@ def scan_vault(cfg: Config) -> VaultScan:
             if entry.is_symlink() and not _inside(os.path.realpath(entry.path), root_real):
                 out.skip(rel, "symlink to a file outside the vault; the index does not follow it")
                 continue
-            out[rel] = (st.st_mtime_ns, st.st_size)
+            out[rel] = note_stat(st)
     return out
 
 

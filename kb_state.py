@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,17 @@ class FileRecord:
     date: str = ""  # ISO date of a journal or daily note (file name or `date` property), else ""
     links: tuple[LinkRow, ...] = ()  # outgoing links as written, resolved against the vault when read
     headings: tuple[int, ...] = ()  # levels of its headings in order (kb_text.heading_levels): what a translation keeps
+    ctime_ns: int = 0  # with inode, the rest of the change signature (kb_scan.Stat); 0 in indexes written before it
+    inode: int = 0
+
+    @property
+    def stat(self) -> tuple[int, int, int, int]:
+        """The change signature it was indexed at, in kb_scan.Stat's order."""
+        return (self.mtime_ns, self.size, self.ctime_ns, self.inode)
+
+    def with_stat(self, stat: tuple[int, int, int, int]) -> FileRecord:
+        """The same record at a new change signature (content unchanged)."""
+        return replace(self, mtime_ns=stat[0], size=stat[1], ctime_ns=stat[2], inode=stat[3])
 
 
 # One outgoing link as stored: (target, heading, block, label, embed, line); "" where absent (kb_links.Link).

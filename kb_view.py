@@ -178,7 +178,7 @@ class IndexView:
         self.bm25 = BM25Index()
         self.version = 0  # bumped on every change; keys the cached stat map
         self._saved_version = -1  # the version the BM25 pickle on disk holds
-        self._stats: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
+        self._stats: tuple[int, dict[str, tuple[int, int, int, int]]] = (-1, {})
         self._meta_tokens: dict[str, list[str]] = {}
         self._graph: tuple[int, LinkGraph | None] = (-1, None)
         self._resolver: LinkResolver | None = None  # dropped when a note comes, goes or changes its aliases
@@ -257,11 +257,11 @@ class IndexView:
 
     # ---- changes -------------------------------------------------------------------------------------------------
 
-    def stat_map(self) -> dict[str, tuple[int, int]]:
-        """{path: (mtime_ns, size)} of every note in the view (cached until the next change)."""
+    def stat_map(self) -> dict[str, tuple[int, int, int, int]]:
+        """{path: change signature (kb_scan.Stat)} of every note in the view (cached until the next change)."""
         version, stats = self._stats
         if version != self.version:
-            stats = {p: (r.mtime_ns, r.size) for p, r in self.files.items()}
+            stats = {p: r.stat for p, r in self.files.items()}
             self._stats = (self.version, stats)
         return stats
 

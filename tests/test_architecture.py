@@ -60,7 +60,7 @@ ALLOWED = {
         "kb_background",
     },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
-    "kb_live": {"kb_config", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
+    "kb_live": {"kb_config", "kb_scan", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {
         "kb_config",

@@ -76,6 +76,15 @@ def _new_file_in_new_folder(vault: Path) -> tuple[str, str]:
     return "quetzal variety staking", "areas/garden/tomatoes.md"
 
 
+def _edit_keeping_size_and_mtime(vault: Path) -> tuple[str, str]:
+    note = vault / "inbox.md"
+    st = note.stat()
+    note.write_text(note.read_text(encoding="utf-8").replace("first", "okapi"), encoding="utf-8")
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns))  # as `rsync -t` and backup restores leave it
+    assert note.stat().st_size == st.st_size
+    return "okapi", "inbox.md"
+
+
 def _rename(vault: Path) -> tuple[str, str]:
     (vault / "projects" / "alpha.md").rename(vault / "projects" / "ledger.md")
     return "PostgreSQL ledger", "projects/ledger.md"
@@ -87,7 +96,9 @@ def _rename_folder(vault: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(
-    "change", [_edit_in_place, _atomic_save, _new_file_in_new_folder, _rename, _rename_folder], ids=lambda f: f.__name__[1:]
+    "change",
+    [_edit_in_place, _edit_keeping_size_and_mtime, _atomic_save, _new_file_in_new_folder, _rename, _rename_folder],
+    ids=lambda f: f.__name__[1:],
 )
 def test_search_finds_change_from_file_events_without_walking_the_vault(kb, small_vault, change):
     walks = kb.counts["full_walks_before_search"]

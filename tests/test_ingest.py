@@ -84,6 +84,42 @@ def test_sync_reembeds_nothing_when_only_touched(small_vault, make_engine):
     assert not engine.sync_all().did_work  # the new stat was committed
 
 
+def _keep_size_and_mtime(note: Path, old: str, new: str) -> None:
+    """Replace a word by one of the same length and set the mtime back, as `rsync -t` and backup restores do."""
+    assert len(old.encode()) == len(new.encode())
+    st = note.stat()
+    note.write_text(note.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = note.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_indexed(small_vault, make_engine):
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    _keep_size_and_mtime(small_vault / "inbox.md", "first", "okapi")
+    report = engine.sync_all()
+    assert report.changed == 1
+    assert any("okapi" in c.text for c in engine.chunks.values() if c.path == "inbox.md")
+    fresh = make_engine(small_vault)  # a later ingest.py run has nothing left to do and holds the new text
+    assert not fresh.sync_all().did_work
+    assert any("okapi" in c.text for c in fresh.chunks.values() if c.path == "inbox.md")
+
+
+def test_an_index_without_the_full_change_signature_is_read_once_and_not_re_embedded(small_vault, make_engine):
+    emb = HashEmbedder()
+    engine = make_engine(small_vault, emb)
+    engine.sync_all()
+    state = json.loads(engine.state_path.read_text(encoding="utf-8"))
+    for rec in state["files"].values():  # as written before ctime and inode were recorded
+        del rec["ctime_ns"], rec["inode"]
+    engine.state_path.write_text(json.dumps(state), encoding="utf-8")
+    embedded = emb.embedded
+    report = make_engine(small_vault, emb).sync_all()
+    assert report.touched == 4 and report.changed == 0 and emb.embedded == embedded
+    assert not make_engine(small_vault, emb).sync_all().did_work
+
+
 def test_sync_reembeds_only_the_edited_section(small_vault, make_engine):
     emb = HashEmbedder()
     engine = make_engine(small_vault, emb)

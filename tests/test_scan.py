@@ -39,14 +39,14 @@ def _refusal(cfg: Config, rel: str, **kwargs: bool) -> str:
 # ---- scan_vault --------------------------------------------------------------------------------------------
 
 
-def test_scan_vault_returns_each_note_with_its_mtime_and_size(tmp_path: Path) -> None:
+def test_scan_vault_returns_each_note_with_its_change_signature(tmp_path: Path) -> None:
     vault = _make_vault(tmp_path, {"inbox.md": "hello\n", "a/b/deep.md": "# 深\n"})
 
     found = scan_vault(_config(vault))
 
     assert set(found) == {"inbox.md", "a/b/deep.md"}
     st = (vault / "a" / "b" / "deep.md").stat()
-    assert found["a/b/deep.md"] == (st.st_mtime_ns, st.st_size)
+    assert found["a/b/deep.md"] == (st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino)
 
 
 @pytest.mark.parametrize(
