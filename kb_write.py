@@ -167,7 +167,33 @@ def _check_allowed(cfg: Config, rel: str) -> tuple[Path, str, bool]:
             f"note '{shown}' does not exist and write.creatable ({creatable}) does not allow creating it; "
             "append to an existing allowed note instead"
         )
+    _check_writable(real if exists else _existing_parent(real), shown)
     return real, norm, exists
+
+
+def _existing_parent(path: Path) -> Path:
+    """The nearest folder above a note to be created that exists (where its folders would be made)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def _check_writable(path: Path, shown: str) -> None:
+    """Refuse before writing anything when the note (or the folder a new note goes in) is read-only: a read-only
+    mount, or permissions. Checked up front because an insert replaces the note by rename, which a folder's
+    permissions allow even over a note its owner made read-only."""
+    if os.access(path, os.W_OK):
+        return
+    try:
+        mounted_ro = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        mounted_ro = False
+    why = "the disk holding it is mounted read-only" if mounted_ro else "its permissions do not allow writing"
+    what = "is read-only" if path.is_file() else f"cannot be created: its folder '{path.name}' is read-only"
+    raise WriteRefusedError(
+        f"'{shown}' {what} ({why}); nothing was written. Tell the user; appends work again once it is writable."
+    )
 
 
 def _dedupe_key(norm: str, text: str) -> str:

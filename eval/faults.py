@@ -1,9 +1,10 @@
 """Fault drills against real processes: kill -9 of ingest and of a server mid-append, a multi-process edit storm,
-and hostile paths, broken notes and bad tool arguments. Prints figures and every inconsistency with its repro.
+hostile paths, broken notes and bad tool arguments, and a long day's soak. Prints figures and every inconsistency
+with its repro.
 
 Runs `ingest.py`, `watcher.py` and `mcp_server.py` as subprocesses (the server through the MCP SDK's stdio client)
 on vaults it generates in a temp folder; never touches your notes or index. POSIX only. The parts live in
-eval/faults_kills.py, eval/faults_storm.py and eval/faults_hostile.py.
+eval/faults_kills.py, eval/faults_storm.py, eval/faults_hostile.py and eval/faults_soak.py.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from faults_common import HASH_MODEL, Processes
 from faults_report import PartResult, Run
 
-PARTS = ("kills", "append-kills", "storm", "hostile")
+PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
 # Seed of every random choice (kill moments, edits, storm operations): the same seed replays the same plan.
 DEFAULT_SEED = 20240917
 # Sizes of each part: quick (the test suite, well under 2 minutes on 2 cores) and full (docs/reliability.md).
-QUICK = {"kills": 3, "append_kills": 2, "servers": 2, "storm_s": 8.0}
-FULL = {"kills": 50, "append_kills": 30, "servers": 3, "storm_s": 300.0}
+QUICK = {"kills": 3, "append_kills": 2, "servers": 2, "storm_s": 8.0, "soak_s": 180.0}
+FULL = {"kills": 50, "append_kills": 30, "servers": 3, "storm_s": 300.0, "soak_s": 3600.0}
 
 
 def run_part(name: str, run: Run, args: argparse.Namespace) -> PartResult:
@@ -46,6 +47,10 @@ def run_part(name: str, run: Run, args: argparse.Namespace) -> PartResult:
             from faults_storm import run_storm
 
             res = run_storm(run, args.servers, args.storm_seconds)
+        elif name == "soak":
+            from faults_soak import run_soak
+
+            res = run_soak(run, args.soak_seconds)
         else:
             from faults_hostile import run_hostile
 
@@ -94,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--storm-seconds", type=float, help=f"length of the storm (default {QUICK['storm_s']:g} quick, {FULL['storm_s']:g} full)"
     )
+    parser.add_argument(
+        "--soak-seconds", type=float, help=f"length of the soak (default {QUICK['soak_s']:g} quick, {FULL['soak_s']:g} full)"
+    )
     parser.add_argument("--notes", type=int, help="notes in the kills vault (default 60 quick, 200 full; fewer for --real-model)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of every random choice (default {DEFAULT_SEED})")
     parser.add_argument("--real-model", action="store_true", help="the configured default model instead of hash-embedder")
@@ -110,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args.append_kills = sizes["append_kills"] if args.append_kills is None else args.append_kills
     args.servers = sizes["servers"] if args.servers is None else args.servers
     args.storm_seconds = sizes["storm_s"] if args.storm_seconds is None else args.storm_seconds
+    args.soak_seconds = sizes["soak_s"] if args.soak_seconds is None else args.soak_seconds
 
     root = Path(tempfile.mkdtemp(prefix="kb-faults-"))
     procs = Processes()

@@ -1,7 +1,8 @@
 """The storm's external editor: a separate process that creates, edits, renames and deletes notes under `storm/`
 and appends numbered lines to inbox.md, the way a user's editor and scripts do, logging each finished operation.
 
-Usage: python eval/faults_editor.py VAULT LOG SECONDS SEED MAX_OPS. Standard library only; bounded in time and ops.
+Usage: python eval/faults_editor.py VAULT LOG SECONDS SEED MAX_OPS [PAUSE_SCALE]. PAUSE_SCALE multiplies the pause
+between operations (the soak's editor works at a person's pace). Standard library only; bounded in time and ops.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _save(path: Path, text: str, rng: random.Random) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: int) -> int:
+def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: int, pause_scale: float = 1.0) -> int:
     rng = random.Random(seed)
     folder = vault / STORM_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,12 +102,19 @@ def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: 
                     f.write(ext_line(ext_n) + "\n")
                 record(op=op, n=ext_n)
             ops += 1
-            time.sleep(rng.uniform(*PAUSE_S))
+            time.sleep(pause_scale * rng.uniform(*PAUSE_S))
         record(op="done", ops=ops, notes={rel: note_token(nid, v) for nid, (rel, v) in notes.items()}, ext=ext_n)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6:
-        sys.exit("usage: python eval/faults_editor.py VAULT LOG SECONDS SEED MAX_OPS")
-    sys.exit(run_editor(Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
+    if len(sys.argv) not in (6, 7):
+        sys.exit("usage: python eval/faults_editor.py VAULT LOG SECONDS SEED MAX_OPS [PAUSE_SCALE]")
+    vault, log, seconds, seed, max_ops = (
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        float(sys.argv[3]),
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+    )
+    sys.exit(run_editor(vault, log, seconds, seed, max_ops, float(sys.argv[6]) if len(sys.argv) == 7 else 1.0))

@@ -75,12 +75,14 @@ def srv_line(k: int, n: int) -> str:
     return f"- srv{k} append {n} srvtok{k}x{n}"
 
 
-class _Storm:
+class Storm:
     """Shared state of the storm's loops: what was acknowledged, in flight, and every call's outcome."""
 
-    def __init__(self, run: Run, deadline: float) -> None:
+    def __init__(self, run: Run, deadline: float, pauses: dict[str, tuple[float, float]] | None = None) -> None:
         self.run = run
         self.deadline = deadline
+        # Pause between one loop's calls, seconds (uniform): the storm's by default; the soak's are a person's.
+        self.pauses = pauses or {"append": APPEND_PAUSE_S, "search": SEARCH_PAUSE_S, "status": STATUS_PAUSE_S}
         self.acked: list[str] = []
         self.unacked: list[str] = []
         self.bad: list[tuple[str, Outcome]] = []  # (server, outcome) of every call that did not succeed
@@ -99,7 +101,7 @@ class _Storm:
             (self.acked if o.kind == "ok" else self.unacked).append(line)
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(self.run.rng.uniform(*APPEND_PAUSE_S))
+            await anyio.sleep(self.run.rng.uniform(*self.pauses["append"]))
 
     async def searcher(self, s: Server) -> None:
         rng = self.run.rng
@@ -111,7 +113,7 @@ class _Storm:
             o = await s.call("search_my_knowledge_base", {"query": query, "mode": mode})
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(rng.uniform(*SEARCH_PAUSE_S))
+            await anyio.sleep(rng.uniform(*self.pauses["search"]))
 
     async def statuser(self, s: Server) -> None:
         for _ in range(MAX_CALLS_PER_LOOP):
@@ -120,7 +122,7 @@ class _Storm:
             o = await s.call("index_status")
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(self.run.rng.uniform(*STATUS_PAUSE_S))
+            await anyio.sleep(self.run.rng.uniform(*self.pauses["status"]))
 
     def ingest_loop(self, config: Path, log: Path) -> None:
         while self.live():
@@ -128,7 +130,7 @@ class _Storm:
             self.ingest.append((rc, secs))
 
 
-def _editor_log(path: Path) -> list[dict[str, Any]]:
+def editor_log(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -138,7 +140,7 @@ def _editor_log(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-async def _check_hits(s: Server, vault: Path, tokens: dict[str, str], expect_found: bool, res: PartResult) -> dict[str, int]:
+async def check_hits(s: Server, vault: Path, tokens: dict[str, str], expect_found: bool, res: PartResult) -> dict[str, int]:
     """Search each token (keyword mode); every hit must name a note on disk that holds the token; a live note's
     token must find that note. Returns counts."""
     counts = {"searched": 0, "ghost": 0, "stale": 0, "found": 0, "missed": 0}
@@ -198,7 +200,7 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
             ],
             log=base / "editor.err",
         )
-        storm = _Storm(run, time.monotonic() + seconds)
+        storm = Storm(run, time.monotonic() + seconds)
         run.say(f"storm: {n_servers} servers, watcher, ingest loop and editor for {seconds:.0f} s")
         async with anyio.create_task_group() as tg:
             for k, s in enumerate(servers):
@@ -217,7 +219,7 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         index_dir = load_cfg(config).index_dir
         settle_max_s = SETTLE_MAX_S_QUICK if run.quick else SETTLE_MAX_S_FULL
         settle_end = time.monotonic() + settle_max_s
-        while (pending := _pending(index_dir)) and time.monotonic() < settle_end:
+        while (pending := pending_vectors(index_dir)) and time.monotonic() < settle_end:
             await anyio.sleep(1.0)
         res.figures["chunks_without_vector_after_settle"] = pending
         if pending:
@@ -227,7 +229,7 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         )
         if rc != 0:
             res.fail("settle: ingest.py", "exit 0", f"exit {rc}: {tail(base / 'ingest.log')}")
-        events = _editor_log(editor_log)
+        events = editor_log(editor_log)
         done = next((e for e in events if e.get("op") == "done"), {})
         live = dict(done.get("notes", {}))  # path -> token
         gone_tokens = {e["token"]: e["path"] for e in events if e.get("op") == "delete"}
@@ -237,12 +239,12 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         picked_live = dict(run.rng.sample(sorted((t, p) for p, t in live.items()), min(sample, len(live))))
         checks = collections.Counter()
         for s in servers:
-            checks.update(await _check_hits(s, vault, picked_gone, False, res))
-            checks.update(await _check_hits(s, vault, picked_live, True, res))
+            checks.update(await check_hits(s, vault, picked_gone, False, res))
+            checks.update(await check_hits(s, vault, picked_live, True, res))
         alive = [s.name for s in servers if s.pid is not None and _alive(s.pid)]
     res.figures["servers_alive_at_end"] = len(alive)
-    _stop(procs, watcher, res)
-    _file_checks(res, vault, storm, events)
+    stop_watcher(procs, watcher, res)
+    file_checks(res, vault, storm, events)
     res.figures.update(
         editor_ops=sum(1 for e in events if e.get("op") not in ("done", None)),
         editor_ops_by_kind=dict(collections.Counter(e["op"] for e in events if e.get("op") != "done")),
@@ -282,10 +284,10 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
     for name, n in tracebacks.items():
         if n:
             log = base / ("watcher.log" if name == "watcher" else f"{name}.err")
-            res.fail(f"{name} log", "no traceback", f"{n} tracebacks; last: {_last_traceback(log)}")
+            res.fail(f"{name} log", "no traceback", f"{n} tracebacks; last: {last_traceback(log)}")
 
 
-def _pending(index_dir: Path) -> int:
+def pending_vectors(index_dir: Path) -> int:
     for _ in range(3):
         try:
             return pending_on_disk(index_dir)
@@ -302,13 +304,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _last_traceback(log: Path) -> str:
+def last_traceback(log: Path) -> str:
     text = tail(log, 10**8)
     i = text.rfind("Traceback (most recent call last)")
     return text[i : i + 1500] if i >= 0 else ""
 
 
-def _stop(procs: Any, watcher: subprocess.Popen, res: PartResult) -> None:
+def stop_watcher(procs: Any, watcher: subprocess.Popen, res: PartResult) -> None:
     if watcher.poll() is not None:
         res.fail("watcher.py", "runs for the whole storm", f"exited with {watcher.returncode}")
         return
@@ -320,7 +322,7 @@ def _stop(procs: Any, watcher: subprocess.Popen, res: PartResult) -> None:
         procs.kill(watcher.pid)
 
 
-def _file_checks(res: PartResult, vault: Path, storm: _Storm, events: list[dict[str, Any]]) -> None:
+def file_checks(res: PartResult, vault: Path, storm: Storm, events: list[dict[str, Any]]) -> None:
     lines = collections.Counter((vault / INBOX).read_text(encoding="utf-8", errors="replace").splitlines())
     lost = [a for a in storm.acked if lines[a] == 0]
     doubled = [a for a in storm.acked + storm.unacked if lines[a] > 1]

@@ -1,5 +1,6 @@
-"""eval/faults.py --quick: kill -9 of ingest and of a server mid-append, a multi-process storm, and hostile input,
-against real processes; every part must report zero inconsistencies (the figures say what was exercised)."""
+"""eval/faults.py --quick: kill -9 of ingest and of a server mid-append, a multi-process storm, hostile input and a
+short soak, against real processes; every part must report zero inconsistencies (the figures say what was exercised).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 from kb_fixtures import REPO_ROOT
 
 FAULTS = REPO_ROOT / "eval" / "faults.py"
-PARTS = ("kills", "append-kills", "storm", "hostile")
-# Generous for a busy 2-core machine; the quick run itself takes about a minute and a half here.
+PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
+# The soak here is shorter than --quick's (3 minutes) to keep the suite short; still long enough to judge growth.
+SOAK_S = 30
+# Generous for a busy 2-core machine; the quick run itself takes about two minutes here.
 QUICK_TIMEOUT_S = 900
 
 
@@ -23,7 +26,7 @@ def quick() -> dict[str, Any]:
     """One `eval/faults.py --quick --json` run, shared by every test here."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     proc = subprocess.run(
-        [sys.executable, str(FAULTS), "--quick", "--json", "--quiet"],
+        [sys.executable, str(FAULTS), "--quick", "--soak-seconds", str(SOAK_S), "--json", "--quiet"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -55,6 +58,10 @@ def test_faults_quick_exercises_every_part(quick):
     hostile = parts["hostile"]["figures"]
     assert hostile["hostile_paths"] >= 80 and hostile["bad_arguments"] > 0 and hostile["broken_classes"] >= 30
     assert hostile["bytes_changed_outside_whitelist"] == 0 and hostile["internal_errors"] == 0
+    soak = parts["soak"]["figures"]
+    assert soak["acknowledged_appends"] > 0 and soak["external_lines"] > 0 and soak["end_searches"]["found"] > 0
+    assert {"soak-0", "soak-1", "watcher"} <= set(soak["resources"])
+    assert all(r["judged"] for r in soak["resources"].values())
 
 
 # ---- the drills' own judgement, on hand-made inputs (a check that cannot fail would prove nothing) ----------------
@@ -67,6 +74,22 @@ def faults_modules() -> Any:
     import faults_kills
 
     return faults_common, faults_kills
+
+
+def test_soak_judges_growth_after_warm_up_only(faults_modules):
+    import faults_report
+    import faults_soak
+
+    def rows(rss: list[int]) -> list[dict[str, int]]:
+        return [{"rss_kb": r, "fds": 10, "threads": 8} for r in rss]
+
+    flat = rows([50] * 10 + [100] * 20 + [105] * 10)  # grows in warm-up, then +5%
+    leaking = rows([100] * 20 + [115] * 20)  # +15% after warm-up
+    res = faults_report.PartResult("soak")
+    faults_soak.judge_growth(res, {"flat": flat, "leaking": leaking, "short": rows([100, 200])}, 40.0, 1.0)
+    assert [f.case for f in res.findings] == ["leaking: rss_kb over the soak"]
+    assert res.figures["resources"]["flat"]["rss_kb"]["growth"] == 0.05
+    assert not res.figures["resources"]["short"]["judged"]
 
 
 @pytest.mark.parametrize(

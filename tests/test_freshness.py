@@ -302,3 +302,33 @@ def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(sm
     finally:
         model.release.set()
         kb.shutdown()
+
+
+def test_two_servers_on_two_vaults_under_one_data_dir_share_nothing(tmp_path):
+    data = tmp_path / "data"  # one data_dir, as a user with two vaults and one config would have
+    vaults = {}
+    for name, word in (("work", "okapi"), ("home", "pangolin")):
+        for parent in ("a", "b"):  # same folder name in two places: still two vaults
+            root = tmp_path / parent / name
+            root.mkdir(parents=True)
+            (root / "inbox.md").write_text(f"# Inbox\n\n- the {word}{parent} note\n", encoding="utf-8")
+            vaults[(parent, name)] = (root, f"{word}{parent}")
+    servers = {
+        key: _start(mcp_server.KnowledgeBase(make_config(root, data, writable=("inbox.md",)), embedder=HashEmbedder()))
+        for key, (root, _) in vaults.items()
+    }
+    try:
+        assert len({kb.cfg.index_dir for kb in servers.values()}) == 4
+        for key, kb in servers.items():
+            for other, (_, words) in vaults.items():
+                found = _hits(kb, words)
+                assert found == (["inbox.md"] if other == key else []), (key, other, found)
+        for key, kb in servers.items():  # each appends a line of its own, at once
+            kb.append("inbox.md", f"- appended by {''.join(key)}", None, False)
+        for key, (root, _) in vaults.items():
+            text = (root / "inbox.md").read_text(encoding="utf-8")
+            assert [line for line in text.splitlines() if "appended by" in line] == [f"- appended by {''.join(key)}"]
+            assert _hits(servers[key], "".join(key)) == ["inbox.md"]
+    finally:
+        for kb in servers.values():
+            kb.shutdown()

@@ -467,3 +467,64 @@ def test_creating_a_note_on_a_full_disk_leaves_no_half_note(vault, cfg_for, monk
         append_to_note(cfg_for(creatable=("notes/",)), "notes/new.md", "y" * 3000)
     monkeypatch.undo()
     assert not (vault / "notes" / "new.md").exists()
+
+
+# ---- a read-only vault or note --------------------------------------------------------------------------------------
+
+
+def _mount_read_only(root: Path) -> bool:
+    """Put root's files on a tmpfs mounted over it, then remount it read-only (root only); False if not possible."""
+    files = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(root)]).returncode:
+        return False
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return subprocess.run(["mount", "-o", "remount,ro", str(root)]).returncode == 0
+
+
+@pytest.fixture(params=["mount", "permissions"])
+def read_only_vault(request, vault: Path):
+    """The vault made read-only as a user meets it: a read-only mount (needs root), or permissions (needs a user
+    other than root, whom permissions do not stop)."""
+    if request.param == "mount":
+        if not _mount_read_only(vault):
+            subprocess.run(["umount", str(vault)], capture_output=True)
+            pytest.skip("mounting needs root and mount(8)")
+        yield vault
+        subprocess.run(["umount", str(vault)], check=True)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root writes through permissions")
+    paths = [vault, *vault.rglob("*")]
+    for p in paths:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    yield vault
+    for p in paths:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+@pytest.mark.parametrize(
+    "path, heading, create_heading",
+    [("inbox.md", None, False), ("projects/alpha.md", "Decisions", False), ("notes/new.md", None, False)],
+    ids=["append", "insert-under-heading", "create"],
+)
+def test_a_read_only_vault_refuses_appends_with_the_reason_and_changes_nothing(
+    read_only_vault, cfg_for, path, heading, create_heading
+):
+    before = _snapshot(read_only_vault)
+    cfg = cfg_for(creatable=("notes/",))
+    with pytest.raises(WriteRefusedError, match=r"read-only \((the disk holding it is mounted read-only|its perm)"):
+        append_to_note(cfg, path, "- a thought", heading=heading, create_heading=create_heading)
+    assert _snapshot(read_only_vault) == before
+
+
+def test_a_read_only_vault_is_indexed_and_searched_as_usual(read_only_vault, cfg_for):
+    from kb_engine import Engine
+    from kb_search import Searcher
+    from kb_vectors import HashEmbedder
+
+    engine = Engine(cfg_for(), HashEmbedder())
+    report = engine.sync_all()
+    assert report.added == 2 and not report.skipped
+    assert [h.path for h in Searcher(engine).search("PostgreSQL", mode="keyword").hits][:1] == ["projects/alpha.md"]
