@@ -1,6 +1,6 @@
 """BM25 (Okapi, rank-bm25's formula and defaults) as an incremental inverted index, persisted as a gzip pickle.
 
-Query cost follows the postings of the query terms, not the corpus size. Imports kb_config only.
+Query cost follows the postings of the query terms, not the corpus size. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The ingest CLI: index a vault once in the foreground (the server and the watcher keep it fresh afterwards).
 
 The engine lives in kb_engine; this module only parses flags, shows progress and prints the summary.
+
+Imports: kb_config, kb_engine, kb_vectors.
 """
 
 from __future__ import annotations

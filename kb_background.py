@@ -2,7 +2,7 @@
 query's best cosine; and its notes as whole-note vectors, from which the translation step pairs a note with its
 translation.
 
-Imports the engine and kb_vectors.
+Imports: kb_engine, kb_vectors.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The same interface as kb_store.VectorStore, so the engine does not know which one it has. One collection per vault
 and model, one record per content hash (a text embedded once serves every chunk that holds it). Every chromadb
 error is translated here into VectorStoreUnavailableError, which the engine and search turn into a keyword-only
-answer with a note. The only module that imports chromadb. Imports kb_config only.
+answer with a note. The only module that imports chromadb. Imports: kb_config.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Configuration: defaults <- config.yaml <- environment variables, validated into a frozen Config.
 
-Owns the KBError exception tree. Imports no project module; only this module reads config.yaml and os.environ.
+Owns the KBError exception tree. Only this module reads config.yaml and os.environ.
+Imports: nothing from the project.
 """
 
 from __future__ import annotations

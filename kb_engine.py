@@ -4,7 +4,8 @@ On disk (cfg.index_dir): state.json, the commit point (per-note stat, md5, chunk
 of vector segments); the vector segments (kb_store); the BM25 pickle (a process's view, so the next one starts fast).
 A sync first commits what the notes say (records and chunk ids, no model needed), then embeds the chunks that have
 no vector yet, in batches, outside the lock; each batch is one new segment named by one more commit. Every process
-re-reads state.json when another one committed. Imports the base modules, kb_store and kb_view.
+re-reads state.json when another one committed.
+Imports: kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
 """
 
 from __future__ import annotations

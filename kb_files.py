@@ -1,7 +1,7 @@
 """The one atomic-write helper (temp file, fsync, rename, fsync of the folder) and the sweep of its leftovers.
 
 Every file the project writes (state.json, the BM25 view, vector segments, appended notes) goes through here.
-Imports nothing from the project.
+Imports: nothing from the project.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The vault's own structure for the tools: related notes (links, backlinks, nearest in meaning), property filters
 (`where`) and note dates (journal dates before file times).
 
-Imports kb_config, kb_scan, kb_state, kb_text and the engine (its view and vectors).
+Imports: kb_config, kb_engine, kb_scan, kb_state, kb_text.
 """
 
 from __future__ import annotations

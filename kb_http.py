@@ -2,7 +2,7 @@
 
 Every request needs `Authorization: Bearer <token>` (compared in constant time, never logged); without a token the
 server does not start, and it never binds a non-loopback address without one. The SDK's DNS-rebinding protection
-checks Host and Origin. Imports kb_config and kb_files only.
+checks Host and Origin. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Links between notes: wikilinks, Markdown links and embeds parsed from text, resolved to vault paths by Obsidian's
-and Logseq's rules, and embeds expanded for reading. Pure: strings in, records out. Imports kb_config and kb_text.
+and Logseq's rules, and embeds expanded for reading. Pure: strings in, records out. Imports: kb_config, kb_text.
 """
 
 from __future__ import annotations

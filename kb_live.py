@@ -1,7 +1,7 @@
 """The server's live index: the engine built in a background thread (a keyword answer first, the model after), and
 freshness: file events name the notes a search re-checks, a full stat walk is the fallback and a periodic audit.
 
-Imports kb_config and kb_state; the engine, search, vectors and watcher lazily (start-up runs in its own thread).
+Imports: kb_config, kb_scan, kb_state; lazily: kb_engine, kb_search, kb_vectors, kb_watch.
 """
 
 from __future__ import annotations

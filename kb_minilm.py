@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 without torch: the bundled sentence-transformers model's BERT forward pass in numpy.
 
-Owns MiniLMEmbedder (the kb_vectors embedder protocol) and the safetensors reader. Imports kb_config only; the
-tokenizers and threadpoolctl packages are imported where they are used.
+Owns MiniLMEmbedder (the kb_vectors embedder protocol) and the safetensors reader; the tokenizers and threadpoolctl
+packages are imported where they are used. Imports: kb_config.
 """
 
 from __future__ import annotations

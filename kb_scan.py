@@ -2,7 +2,7 @@
 the one safe way to read a note's bytes.
 
 `resolve_inside` is the one boundary every read and write of a user-named note passes; `read_note_bytes` never
-blocks on a FIFO or reads past a size limit. Imports kb_config only.
+blocks on a FIFO or reads past a size limit. Imports: kb_config.
 """
 
 from __future__ import annotations

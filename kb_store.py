@@ -3,7 +3,7 @@
 Each write adds one segment file (`vectors/seg-*.npz`, written atomically) *before* state.json names it, so a reader
 that follows state.json only ever loads complete segments, and a crash leaves at most an unnamed file that the next
 writer sweeps. No process holds a database open, so any number of processes read at once and a killed one corrupts
-nothing. Search is an exact cosine (one matrix-vector product). Imports kb_config and kb_files only.
+nothing. Search is an exact cosine (one matrix-vector product). Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations

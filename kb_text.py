@@ -1,7 +1,7 @@
 """Pure text functions shared by ingest and search: frontmatter and properties, note dates, heading-aware and
 outline (Logseq) chunking, BM25 tokenizing.
 
-Takes strings, returns records; touches no note files. Imports kb_config only.
+Takes strings, returns records; touches no note files. Imports: nothing from the project.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Embedders behind one protocol (USE multilingual, sentence-transformers, several side by side, a hash embedder for
 tests) and the optional cross-encoder. Vectors are stored by kb_store.
 
-Heavy libraries are imported inside functions so importing this module stays cheap. Imports kb_config only.
+Heavy libraries are imported inside functions so importing this module stays cheap. Imports: kb_config; lazily: kb_minilm.
 """
 
 from __future__ import annotations

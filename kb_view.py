@@ -1,7 +1,7 @@
 """The in-memory view a process searches: notes, chunks and their BM25 index, with the vault's terms in jieba.
 
 Built from notes on disk (or the BM25 pickle saved by an earlier process), changed one note at a time by the engine.
-Imports kb_config, kb_state, kb_text and bm25_index.
+Imports: bm25_index, kb_config, kb_links, kb_state, kb_text.
 """
 
 from __future__ import annotations

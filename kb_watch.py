@@ -3,7 +3,8 @@
 The operating system reports what changed (inotify, FSEvents, ReadDirectoryChangesW; polling on request), so a
 caller re-checks just those paths instead of walking the vault. A folder deleted or moved away is reported as that
 folder alone; `expand_folders` turns it into the notes indexed under it. What events cannot settle (an ignore file
-changed, the kernel dropped events) asks for a full walk. Imports nothing from the project; watchdog lazily.
+changed, the kernel dropped events) asks for a full walk. Imports: nothing from the project
+(watchdog lazily).
 """
 
 from __future__ import annotations

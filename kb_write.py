@@ -4,7 +4,7 @@ Every path goes through kb_scan.resolve_inside and the write.writable / write.cr
 too). Text added at the end of a note is written in place with O_APPEND, so lines another program appends at the
 same moment are never lost; an insert inside a note replaces it atomically (kb_files) after checking it is unchanged.
 Keeps the note's encoding and line endings; a retried identical append is applied once.
-Imports kb_config, kb_files, kb_scan, kb_state, kb_text.
+Imports: kb_config, kb_files, kb_scan, kb_state, kb_text.
 """
 
 from __future__ import annotations

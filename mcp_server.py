@@ -3,6 +3,8 @@
 The MCP SDK's own stdio server answers the client as soon as the SDK is imported (about a second); the engine, jieba
 and the model load in a background thread, in the order that gets a keyword answer soonest, and file events keep the
 index fresh (kb_live). Logs go to stderr only: in stdio mode stdout is the protocol.
+
+Imports: kb_config, kb_live; lazily: kb_engine, kb_graph, kb_http, kb_links, kb_scan, kb_search, kb_state, kb_text, kb_write.
 """
 
 import argparse

@@ -3,6 +3,8 @@
 Uses kb_watch (watchdog: inotify / FSEvents / ReadDirectoryChangesW, or polling with --poll) and the engine, like the
 server does before each search. Safe beside the server and the ingest CLI: all writers share the engine's
 inter-process lock.
+
+Imports: kb_config, kb_watch; lazily: kb_engine, kb_vectors.
 """
 
 from __future__ import annotations

@@ -221,3 +221,30 @@ def test_readme_quick_start_has_install_and_test_commands_and_ci_runs_the_test_o
     assert "pip install -r requirements.txt" in install and "ingest.py" in install and "--search" in install
     assert "pytest" in test
     assert test.strip() in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def _declared_imports(module: str) -> tuple[set[str], set[str]]:
+    """The project modules a module's docstring says it imports: its line `Imports: a, b; lazily: c.`"""
+    doc = ast.get_docstring(_tree(module)) or ""
+    found = re.search(r"Imports: ([^.]*)\.", doc)
+    assert found, f"{module}.py: no 'Imports: ...' line in its docstring"
+    said = re.sub(r"\([^)]*\)", "", " ".join(found.group(1).split()))
+    top, _, lazy = said.partition("; lazily:")
+
+    def names(part: str) -> set[str]:
+        return set() if part.strip() == "nothing from the project" else {n.strip() for n in part.split(",") if n.strip()}
+
+    return names(top), names(lazy)
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_module_docstring_says_what_it_imports(module):
+    tree = _tree(module)
+    top = set()
+    for node in tree.body:  # imports at module level; anything else is imported where it is used
+        if isinstance(node, ast.Import):
+            top |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            top.add(node.module.split(".")[0])
+    top &= PROJECT
+    assert _declared_imports(module) == (top, _imports(module) - top)
