@@ -74,13 +74,12 @@ class Background:
         """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
         the number of chunks moved by more than BACKGROUND_REFRESH_SHARE)."""
         engine = self.engine
-        with engine.mutex:
-            key = (engine.embedder.name, len(engine.chunks))
-            cached = self._sample
-            if cached is not None and cached[0][0] == key[0]:
-                if abs(key[1] - cached[0][1]) <= BACKGROUND_REFRESH_SHARE * cached[0][1]:
-                    return cached[1]
-            ids = sorted(engine.chunks)
+        key = (engine.embedder.name, engine.view.chunk_count())
+        cached = self._sample
+        if cached is not None and cached[0][0] == key[0]:
+            if abs(key[1] - cached[0][1]) <= BACKGROUND_REFRESH_SHARE * cached[0][1]:
+                return cached[1]
+        ids = engine.view.chunk_ids()
         with self._lock:
             sample = random.Random(BACKGROUND_SEED).sample(ids, min(BACKGROUND_SAMPLE, len(ids)))
             try:
@@ -123,16 +122,16 @@ class Background:
         notes = self._note_matrix(model)
         if notes is None or len(notes.paths) < 2:
             return fused, {}
-        engine = self.engine
-        with engine.mutex:
-            head: dict[str, str] = {}  # note -> its first chunk in the results
-            for cid, _ in fused:
-                chunk = engine.chunks.get(cid)  # a sync may have removed it since the fusion
-                if chunk is not None and chunk.path not in head and chunk.path in notes.row:
-                    head[chunk.path] = cid
-                    if len(head) >= head_notes:
-                        break
-            records = {p: engine.files.get(p) for p in head}
+        view = self.engine.view
+        path_of = view.paths_of(cid for cid, _ in fused)  # a sync may have removed some since the fusion
+        head: dict[str, str] = {}  # note -> its first chunk in the results
+        for cid, _ in fused:
+            path = path_of.get(cid)
+            if path is not None and path not in head and path in notes.row:
+                head[path] = cid
+                if len(head) >= head_notes:
+                    break
+        records = view.records(head)
         pairs: dict[str, str] = {}
         chunk_of = dict(head)  # each paired note -> the chunk that stands for it (a translation brought in: its first)
         for path in head:
@@ -141,8 +140,7 @@ class Background:
             other = self._nearest_other(notes, path)
             if other is None or other in pairs or self._nearest_other(notes, other) != path:
                 continue
-            with engine.mutex:
-                a, b = records.get(path) or engine.files.get(path), engine.files.get(other)
+            a, b = records.get(path) or view.record(path), view.record(other)
             if a is None or b is None or not b.chunks or not _same_shape(path, a.headings, other, b.headings):
                 continue
             pairs.update({path: other, other: path})
@@ -150,8 +148,6 @@ class Background:
         if not pairs:
             return fused, {}
         # Each pair sits together where its first note was, the note in the query's language first.
-        with engine.mutex:
-            path_of = {cid: engine.chunks[cid].path for cid, _ in fused if cid in engine.chunks}
         out: Ranked = []
         done: set[str] = set()
         for cid, score in fused:
@@ -185,17 +181,13 @@ class Background:
         """Every note's vector in `model`'s slots (rebuilt when the view or the vectors changed; a note whose chunks
         and vector are unchanged is reused)."""
         engine = self.engine
-        with engine.mutex:
-            key = (engine.view.version, engine.store.segments, model)  # segments: vectors embedded since
-            if self._notes is not None and self._notes[0] == key:
-                return self._notes[1]
-            records = {p: r.chunks for p, r in engine.files.items() if r.chunks}
-            first = {p: chunks[0] for p, chunks in records.items() if chunks[0] in engine.chunks}
+        key = (engine.view.version, engine.store.segments, model)  # segments: vectors embedded since
+        if self._notes is not None and self._notes[0] == key:
+            return self._notes[1]
+        records = engine.view.notes_with_chunks()
         slots, _ = model_slots(engine.embedder, model)
         cache = self._note_vectors
-        todo = [
-            p for p, chunks in records.items() if p in first and (p not in cache or cache[p][0] != chunks or cache[p][1] is None)
-        ]
+        todo = [p for p, chunks in records.items() if p not in cache or cache[p][0] != chunks or cache[p][1] is None]
         if todo:
             stored = engine.vectors.arrays([c for p in todo for c in records[p]])
             for p in todo:
@@ -204,8 +196,8 @@ class Background:
                 if rows:
                     m = np.mean(rows, axis=0)
                     vec = (m / max(float(np.linalg.norm(m)), COSINE_EPSILON)).astype(np.float32)
-                with engine.mutex:  # the note's language: that of most of its chunks
-                    langs = [self._is_cjk(c) for c in records[p] if c in engine.chunks]
+                # the note's language: that of most of its chunks
+                langs = [self._is_cjk(c) for c in engine.view.chunks_by_id(records[p])]
                 cache[p] = (records[p], vec, 2 * sum(langs) > len(langs))
         for p in [p for p in cache if p not in records]:
             del cache[p]

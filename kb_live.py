@@ -136,8 +136,7 @@ class LiveIndex:
         except Exception:
             logger.exception("start-up sync of the keyword view failed; the next search retries")
         try:
-            with engine.mutex:
-                engine.tokenizer.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
+            engine.view.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
         finally:
             self._view_ready.set()
         load_model(engine)
@@ -245,8 +244,7 @@ class LiveIndex:
             return False
         paths: list[str] | None = None
         if not changes.full:
-            with engine.mutex:
-                paths, whole = expand_folders(changes, self.cfg.kb_dir, list(engine.files))
+            paths, whole = expand_folders(changes, self.cfg.kb_dir, engine.view.paths())
             if whole:
                 paths = None
         if paths is None:
@@ -366,7 +364,7 @@ class LiveIndex:
         engine = self.engine
         stale = []
         for path in dict.fromkeys(h.path for h in result.hits):
-            rec = engine.files.get(path)
+            rec = engine.view.record(path)
             try:
                 st = os.stat(self.cfg.kb_dir / path)
                 now: Stat | None = note_stat(st)

@@ -12,7 +12,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,10 +21,12 @@ import numpy as np
 from kb_background import Background, chance_z
 from kb_config import SEARCH_MODES, KBError, ModelUnavailableError
 from kb_engine import Engine
+from kb_filter import NoteFilter
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import cjk_share
 from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only
+from kb_view import ChunkPredicate
 
 logger = logging.getLogger(__name__)
 
@@ -134,26 +136,6 @@ class SearchResult:
     low_confidence: list[Hit] = field(default_factory=list)  # on abstain: the nearest passages, to judge
 
 
-def _path_filter(prefix: str | None) -> Callable[[str], bool] | None:
-    """The folder filter of path_prefix, read as list_notes reads it ("./projects/", "projects//alpha", "\\x")."""
-    from kb_scan import normalize_prefix, under_prefix
-
-    folder = normalize_prefix(prefix)
-    return (lambda path: under_prefix(path, folder)) if folder else None
-
-
-class _Filter:
-    """A search filter: `note(path)` decides per note (folder, tag, date); calling it with a chunk id decides per chunk."""
-
-    def __init__(self, chunks: dict[str, ChunkRecord], note: Callable[[str], bool]) -> None:
-        self.chunks = chunks
-        self.note = note
-
-    def __call__(self, chunk_id: str) -> bool:
-        c = self.chunks.get(chunk_id)
-        return c is not None and self.note(c.path)
-
-
 class Searcher:
     """Runs searches against one Engine with a Tuning; loads the optional cross-encoder reranker on first use.
 
@@ -168,6 +150,7 @@ class Searcher:
         self.tuning = tuning or Tuning()
         self._reranker: Any = None
         self._rerank_lock = threading.Lock()
+        self.view = engine.view  # every read of notes and chunks goes through its query methods
         self._chunk_cjk: dict[str, bool] = {}
         self._background = Background(engine, self._is_cjk)
 
@@ -196,12 +179,11 @@ class Searcher:
                 )
         out: list[_Probe] = []
         seen: set[str] = set()
-        with self.engine.mutex:
-            for t in [text, *alts]:
-                if t.casefold() in seen:
-                    continue
-                seen.add(t.casefold())
-                out.append(_Probe(len(out), t, self.engine.tokenizer.tokenize(t), cjk_share(t) >= self.tuning.cjk_share))
+        for t in [text, *alts]:
+            if t.casefold() in seen:
+                continue
+            seen.add(t.casefold())
+            out.append(_Probe(len(out), t, self.view.tokenize(t), cjk_share(t) >= self.tuning.cjk_share))
         return out
 
     def _part_queries(self, query: str, mode: str) -> list[tuple[PartQuery, bool]]:
@@ -223,20 +205,12 @@ class Searcher:
                 out.append((embed_query_part(embedder, i, text), trusted))
         return out
 
-    def _scope(self, accept: _Filter | None) -> tuple[list[str] | None, int]:
-        """The notes a filter allows (None: the whole vault) and how many chunks they hold: what a search ranks."""
-        with self.engine.mutex:
-            if accept is None:
-                return None, len(self.engine.chunks)
-            paths = [p for p in self.engine.files if accept.note(p)]
-            return paths, sum(len(self.engine.files[p].chunks) for p in paths)
-
     def _semantic(
         self,
         probe: _Probe,
         mode: str,
         n: int,
-        accept: _Filter | None,
+        accept: ChunkPredicate | None,
         scope: tuple[list[str] | None, int],
         notes: list[str],
         *,
@@ -259,11 +233,8 @@ class Searcher:
                 logger.warning("vector query failed: %s", e)
                 notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
                 return []
-            with engine.mutex:
-                hits = [
-                    (cid, float(cos) * q.scale) for cid, cos in found if cid in engine.chunks and (accept is None or accept(cid))
-                ]
-                other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if other_language else []
+            hits = self.view.present(((cid, float(cos) * q.scale) for cid, cos in found), accept)
+            other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if other_language else []
             out.append(_SemanticList(q, trusted, hits[:n], pool, probe=probe.index))
             if other:
                 out.append(_SemanticList(q, trusted, other, pool, cross=True, probe=probe.index))
@@ -273,9 +244,12 @@ class Searcher:
         """Whether a chunk is mostly Chinese (cached: a chunk id names its text)."""
         known = self._chunk_cjk.get(chunk_id)
         if known is None:
+            chunk = self.view.chunk(chunk_id)
+            if chunk is None:  # a sync removed it since it was ranked
+                return False
             if len(self._chunk_cjk) > CJK_CACHE_CHUNKS:
                 self._chunk_cjk.clear()
-            known = self._chunk_cjk[chunk_id] = cjk_share(self.engine.chunks[chunk_id].text) >= self.tuning.cjk_share
+            known = self._chunk_cjk[chunk_id] = cjk_share(chunk.text) >= self.tuning.cjk_share
         return known
 
     def _cosines(self, lists: Sequence[_SemanticList], ids: list[str]) -> list[dict[str, float]]:
@@ -294,16 +268,6 @@ class Searcher:
             for cid, sim in zip(got, sims.tolist()):
                 known.setdefault(cid, sim)
         return out
-
-    def _coverage(self, tokens: list[str], chunk_ids: list[str]) -> dict[str, float]:
-        """idf-weighted share of the query's distinct terms found in each chunk."""
-        distinct = list(dict.fromkeys(tokens))
-        if not distinct:
-            return {cid: 0.0 for cid in chunk_ids}
-        bm25 = self.engine.bm25
-        idf = bm25.term_idf(distinct)
-        total = sum(idf.values()) or 1.0
-        return {cid: sum(idf[t] for t in bm25.terms_in(cid, distinct)) / total for cid in chunk_ids}
 
     # ---- search -----------------------------------------------------------------------------------------------
 
@@ -336,9 +300,12 @@ class Searcher:
             raise KBError(f"mode '{mode}' is unknown; use one of {', '.join(SEARCH_MODES)}")
         top_k = top_k or self.cfg.top_k
         tune = self.tuning
-        engine = self.engine
+        view = self.view
         notes: list[str] = []
-        accept = self._filter(path_prefix, tag, modified_within_days, where, date_from, date_to)
+        keys = view.property_keys() if where else ()
+        flt = NoteFilter.of(path_prefix, tag, modified_within_days, where, date_from, date_to, keys)
+        wanted = flt.accepts if flt.active else None
+        accept = view.chunk_filter(wanted)
         n = max(self.cfg.candidates, top_k * 4)
 
         text, links = split_query_links(query)
@@ -348,14 +315,11 @@ class Searcher:
         query_probe = probes[0]
         # The client's translation makes the server's own other-language list unnecessary (and it would count twice).
         cross = mode == "hybrid" and tune.cross_weight > 0 and all(p.cjk == query_probe.cjk for p in probes)
-        keyword: dict[int, list[tuple[str, float]]] = {}
-        with engine.mutex:
-            for p in probes:
-                keyword[p.index] = engine.bm25.search(p.tokens, n, accept) if mode != "semantic" else []
+        keyword = {p.index: view.keyword(p.tokens, n, accept) if mode != "semantic" else [] for p in probes}
         lists: list[_SemanticList] = []
         if mode != "keyword":
             try:
-                scope = self._scope(accept)  # once for every probe
+                scope = view.scope(wanted)  # once for every probe
                 for p in probes:
                     lists += self._semantic(p, mode, n, accept, scope, notes, cross=cross, query_cjk=query_probe.cjk)
             except ModelUnavailableError as e:
@@ -367,13 +331,10 @@ class Searcher:
         kw = keyword[0]
         kw_rank = {cid: i for i, (cid, _) in enumerate(kw, 1)}
         read = {sl.probe for sl in lists if sl.trusted}  # probes some model read whole
-        with engine.mutex:
-            probe_cov = {
-                p.index: max(
-                    self._coverage(p.tokens, [cid for cid, _ in keyword[p.index][: tune.trust_probe]]).values(), default=0.0
-                )
-                for p in probes
-            }
+        probe_cov = {
+            p.index: max(view.coverage(p.tokens, [cid for cid, _ in keyword[p.index][: tune.trust_probe]]).values(), default=0.0)
+            for p in probes
+        }
         kw_trust = {
             i: min(1.0, c / tune.full_coverage) if i in read and tune.full_coverage > 0 else 1.0 for i, c in probe_cov.items()
         }
@@ -381,19 +342,16 @@ class Searcher:
         excess = {id(sl): self._cosine_excess(sl) for sl in by_model if sl.hits}
         quiet = {(sl.probe, sl.part.model) for sl in by_model if excess.get(id(sl), -math.inf) < 0}
         fused, found_by = self._fuse(mode, keyword, lists, kw_trust, quiet)
-        exact: list[str] = []
-        with engine.mutex:
-            fused = [(cid, s) for cid, s in fused if cid in engine.chunks]
-            if mode != "semantic":
-                exact = [p for p in self._exact_notes(query_probe.tokens, accept, top_k) if p not in linked]
-            if exact:
-                fused = self._linked_first(fused, exact, accept)
-            if linked:
-                fused = self._linked_first(fused, linked, accept)
-            head = [cid for cid, _ in fused[:n]]
-            coverage = self._coverage(query_probe.tokens, head)
-            first_note = engine.chunks[head[0]].path if head else None
-            named = first_note is not None and (first_note in linked or first_note in exact)
+        fused = view.present(fused)
+        exact = [p for p in self._exact_notes(query_probe.tokens, accept, top_k) if p not in linked] if mode != "semantic" else []
+        if exact:
+            fused = self._linked_first(fused, exact, accept)
+        if linked:
+            fused = self._linked_first(fused, linked, accept)
+        head = [cid for cid, _ in fused[:n]]
+        coverage = view.coverage(query_probe.tokens, head)
+        first_note = view.paths_of(head[:1]).get(head[0]) if head else None
+        named = first_note is not None and (first_note in linked or first_note in exact)
         query_lists = [sl for sl in by_model if sl.probe == 0]
         cosines = self._cosines(query_lists, head)
         alt_cov = [probe_cov[p.index] for p in probes[1:]]
@@ -407,16 +365,14 @@ class Searcher:
             mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
         closest: list[str] = []
         low: list[Hit] = []
-        if not relevant:
-            with engine.mutex:  # abstain, but show the nearest passages as low-confidence pointers
-                closest = list(dict.fromkeys(engine.chunks[cid].path for cid in head if cid in engine.chunks))
+        if not relevant:  # abstain, but show the nearest passages as low-confidence pointers
+            closest = list(dict.fromkeys(view.paths_of(head).values()))
             low = self._collect(fused, CLOSEST_ON_ABSTAIN, kw_rank, mean_cos, query_probe.tokens, {}, found_by, probes)
             fused = []
         if self.cfg.rerank_model and fused:
             fused = self._rerank(text, fused, notes)
             if linked:  # the cross-encoder reads the words only: the named notes stay first
-                with engine.mutex:
-                    fused = self._linked_first([(cid, s) for cid, s in fused if cid in engine.chunks], linked, accept)
+                fused = self._linked_first(view.present(fused), linked, accept)
         pairs: dict[str, str] = {}
         if mode == "hybrid" and fused:
             fused, pairs = self._with_translations(fused, lists, query_probe.cjk)
@@ -433,18 +389,17 @@ class Searcher:
             low_confidence=low,
         )
 
-    def _exact_notes(self, tokens: list[str], accept: _Filter | None, top_k: int) -> list[str]:
+    def _exact_notes(self, tokens: list[str], accept: ChunkPredicate | None, top_k: int) -> list[str]:
         """The notes holding every identifier of the query (an error code, ticket id, path, host, a random string;
         a query of one word counts as one), when they are few enough to show (at most `top_k`): exact evidence, which
-        the models' look-alikes must not outvote. In BM25 order. Called under the engine's mutex."""
+        the models' look-alikes must not outvote. In BM25 order."""
         distinct = list(dict.fromkeys(tokens))
         wanted = [t for t in distinct if _IDENTIFIER_RE.fullmatch(t)] or (distinct if len(distinct) == 1 else [])
         if not wanted:
             return []
         holders: list[str] | None = None
         for t in wanted:
-            found = self.engine.bm25.search([t], len(self.engine.chunks), accept)
-            paths = list(dict.fromkeys(self.engine.chunks[cid].path for cid, _ in found if cid in self.engine.chunks))
+            paths = self.view.holders(t, accept)
             holders = paths if holders is None else [p for p in holders if p in paths]
             if not holders or len(holders) > top_k:
                 return []
@@ -462,7 +417,7 @@ class Searcher:
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
-        resolver = self.engine.view.resolver()
+        resolver = self.view.resolver()
         paths: list[str] = []
         for link in links:
             path = resolver.resolve(link.target).path
@@ -473,62 +428,21 @@ class Searcher:
                 notes.append(f"[[{link.target}]] is {path}: its passages that best match the query come first")
         return paths
 
-    def _linked_first(self, fused: list[tuple[str, float]], linked: list[str], accept: _Filter | None) -> list[tuple[str, float]]:
+    def _linked_first(
+        self, fused: list[tuple[str, float]], linked: list[str], accept: ChunkPredicate | None
+    ) -> list[tuple[str, float]]:
         """The linked notes' chunks ahead of the rest: those the search found in their fused order, then their other
         chunks in note order (a query that is only a link still leads to the note). Scores stay in descending order."""
         bonus = (fused[0][1] if fused else 0.0) + 1.0
         wanted = set(linked)
-        first = [(cid, s + bonus) for cid, s in fused if self.engine.chunks[cid].path in wanted]
+        path_of = self.view.paths_of(cid for cid, _ in fused)
+        first = [(cid, s + bonus) for cid, s in fused if path_of.get(cid) in wanted]
         seen = {cid for cid, _ in first}
-        files, chunks = self.engine.files, self.engine.chunks
-        extra = [
-            cid
-            for path in linked
-            for cid in (files[path].chunks if path in files else ())
-            if cid not in seen and cid in chunks and (accept is None or accept(cid))
-        ]
+        records = self.view.records(linked)
+        rest = [(cid, 0.0) for path in linked for cid in (records[path].chunks if path in records else ()) if cid not in seen]
+        extra = [cid for cid, _ in self.view.present(rest, accept)]
         later = [(cid, bonus - LINKED_TAIL_STEP * i) for i, cid in enumerate(extra, 1)]
         return first + later + [(cid, s) for cid, s in fused if cid not in seen]
-
-    def _filter(
-        self,
-        path_prefix: str | None,
-        tag: str | None,
-        within_days: float | None,
-        where: dict[str, Any] | None = None,
-        date_from: str | None = None,
-        date_to: str | None = None,
-    ) -> _Filter | None:
-        from kb_graph import check_date, check_where, matches_where, note_day, note_time
-        from kb_scan import modified_cutoff
-
-        by_path = _path_filter(path_prefix)
-        tag_norm = tag.strip().lstrip("#").lower() if tag and tag.strip() else None
-        since = modified_cutoff(within_days)
-        first, last = check_date("date_from", date_from), check_date("date_to", date_to)
-        with self.engine.mutex:
-            props = check_where(where, self.engine.files)
-        if by_path is None and tag_norm is None and since is None and props is None and first is None and last is None:
-            return None
-        files = self.engine.files
-
-        def structure(rec: Any) -> bool:  # journal dates before file times; properties
-            if since is not None and note_time(rec) < since:
-                return False
-            if props is not None and not matches_where(rec, props):
-                return False
-            day = note_day(rec) if first or last else ""
-            return (first is None or day >= first) and (last is None or day <= last)
-
-        def note(path: str) -> bool:
-            rec = files.get(path)
-            if rec is None or (by_path and not by_path(path)):
-                return False
-            if tag_norm and not any(t.lower() == tag_norm or t.lower().startswith(tag_norm + "/") for t in rec.tags):
-                return False
-            return structure(rec)
-
-        return _Filter(self.engine.chunks, note)
 
     def _fuse(
         self,
@@ -602,35 +516,35 @@ class Searcher:
         found_by = found_by or {}
         first: dict[str, int] = {}  # note -> the order of its first hit
         per_note: dict[str, int] = {}
-        engine = self.engine
-        with engine.mutex:
-            for cid, score in ranked:
-                c = engine.chunks.get(cid)
-                if c is None or per_note.get(c.path, 0) >= self.tuning.chunks_per_note:
-                    continue
-                per_note[c.path] = per_note.get(c.path, 0) + 1
-                first.setdefault(c.path, len(first))
-                partner = pairs.get(c.path)
-                rec = engine.files.get(c.path)
-                by = tuple(_probe_name(i) for i in sorted(found_by.get(cid, ()))) if len(probes) > 1 else ()
-                hits.append(
-                    Hit(
-                        c.path,
-                        rec.title if rec else c.path,
-                        c.heading_path,
-                        c.line_start,
-                        c.line_end,
-                        make_snippet(c, tokens, self.cfg.snippet_chars),
-                        score,
-                        kw_rank.get(cid),
-                        cos.get(cid),
-                        cid,
-                        partner if partner in first and first[partner] < first[c.path] else None,
-                        by,
-                    )
+        chunks = self.view.chunks_by_id(cid for cid, _ in ranked)
+        records = self.view.records({c.path for c in chunks.values()})
+        for cid, score in ranked:
+            c = chunks.get(cid)
+            if c is None or per_note.get(c.path, 0) >= self.tuning.chunks_per_note:
+                continue
+            per_note[c.path] = per_note.get(c.path, 0) + 1
+            first.setdefault(c.path, len(first))
+            partner = pairs.get(c.path)
+            rec = records.get(c.path)
+            by = tuple(_probe_name(i) for i in sorted(found_by.get(cid, ()))) if len(probes) > 1 else ()
+            hits.append(
+                Hit(
+                    c.path,
+                    rec.title if rec else c.path,
+                    c.heading_path,
+                    c.line_start,
+                    c.line_end,
+                    make_snippet(c, tokens, self.cfg.snippet_chars),
+                    score,
+                    kw_rank.get(cid),
+                    cos.get(cid),
+                    cid,
+                    partner if partner in first and first[partner] < first[c.path] else None,
+                    by,
                 )
-                if len(hits) >= top_k:
-                    break
+            )
+            if len(hits) >= top_k:
+                break
         return hits
 
     # ---- optional cross-encoder -----------------------------------------------------------------------------
@@ -643,9 +557,9 @@ class Searcher:
         except ModelUnavailableError as e:
             notes.append(f"reranker unavailable, fused order kept: {e}")
             return ranked
-        with self.engine.mutex:
-            texts = [f"{self.engine.chunks[cid].context}\n{self.engine.chunks[cid].text}" for cid, _ in head]
-        scores = reranker.score(query, texts)
+        chunks = self.view.chunks_by_id(cid for cid, _ in head)
+        head = [(cid, s) for cid, s in head if cid in chunks]  # a sync may have removed some since the fusion
+        scores = reranker.score(query, [f"{chunks[cid].context}\n{chunks[cid].text}" for cid, _ in head])
         order = sorted(range(len(head)), key=lambda i: -scores[i])
         return [(head[i][0], float(scores[i])) for i in order] + tail
 

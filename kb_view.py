@@ -6,11 +6,12 @@ Imports: bm25_index, kb_config, kb_links, kb_state, kb_text.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import posixpath
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,11 +162,19 @@ def _fold(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-class IndexView:
-    """Notes (`files`), chunks and BM25 as this process sees them; every change goes through `put` or `set_record`.
+# Whether a note (path, record) is wanted: kb_filter.NoteFilter.accepts, or any predicate of that shape.
+NotePredicate = Callable[[str, FileRecord], bool]
+# Whether a chunk (by id) is wanted: made by IndexView.chunk_filter; asked only inside the view's own queries.
+ChunkPredicate = Callable[[str], bool]
 
-    `mutex` guards all of it against the server's search threads. `content_ids` maps a chunk's content hash to the
-    chunks holding that text, so a vector found by content leads back to chunks.
+
+class IndexView:
+    """Notes (`files`), chunks and BM25 as this process sees them; every change goes through `put` or `set_record`
+    (the engine's), every read through the query methods below (the search's, the tools').
+
+    `mutex` guards all of it against the server's search threads; readers never take it themselves: each query takes
+    it and returns values that stay valid after a change (records are immutable). `content_ids` maps a chunk's content
+    hash to the chunks holding that text, so a vector found by content leads back to chunks.
     """
 
     def __init__(self, tokenizer: Tokenizer, metadata_weight: int) -> None:
@@ -186,6 +195,120 @@ class IndexView:
         self.anchor_weight = ANCHOR_TEXT_WEIGHT
         self._links_dirty: set[str] = set()  # notes put since the anchors were last brought up to date
         self._linking = 0  # notes in `files` with at least one link
+
+    # ---- queries ---------------------------------------------------------------------------------------------------
+
+    def chunk(self, chunk_id: str) -> ChunkRecord | None:
+        with self.mutex:
+            return self.chunks.get(chunk_id)
+
+    def chunks_by_id(self, ids: Iterable[str]) -> dict[str, ChunkRecord]:
+        """The chunks of `ids` still in the view, in the order given."""
+        with self.mutex:
+            return {cid: c for cid in ids if (c := self.chunks.get(cid)) is not None}
+
+    def record(self, path: str) -> FileRecord | None:
+        with self.mutex:
+            return self.files.get(path)
+
+    def records(self, paths: Iterable[str]) -> dict[str, FileRecord]:
+        """The records of the notes of `paths` still in the view."""
+        with self.mutex:
+            return {p: r for p in paths if (r := self.files.get(p)) is not None}
+
+    def chunk_count(self) -> int:
+        with self.mutex:
+            return len(self.chunks)
+
+    def size(self) -> tuple[int, int]:
+        """(notes, chunks) in the view."""
+        with self.mutex:
+            return len(self.files), len(self.chunks)
+
+    def paths(self) -> list[str]:
+        """Every note's path."""
+        with self.mutex:
+            return list(self.files)
+
+    def chunk_ids(self) -> list[str]:
+        """Every chunk id, sorted (a stable order to sample from)."""
+        with self.mutex:
+            return sorted(self.chunks)
+
+    def notes_with_chunks(self) -> dict[str, tuple[str, ...]]:
+        """{path: its chunk ids} of every note whose first chunk is in the view."""
+        with self.mutex:
+            return {p: r.chunks for p, r in self.files.items() if r.chunks and r.chunks[0] in self.chunks}
+
+    def select(self, wanted: NotePredicate | None = None) -> list[tuple[str, FileRecord]]:
+        """(path, record) of every note `wanted` accepts (every note without it), in the view's order."""
+        with self.mutex:
+            return [(p, r) for p, r in self.files.items() if wanted is None or wanted(p, r)]
+
+    def scope(self, wanted: NotePredicate | None) -> tuple[list[str] | None, int]:
+        """The notes a filter allows (None: the whole vault) and how many chunks they hold: what a search ranks."""
+        with self.mutex:
+            if wanted is None:
+                return None, len(self.chunks)
+            paths = [p for p, r in self.files.items() if wanted(p, r)]
+            return paths, sum(len(self.files[p].chunks) for p in paths)
+
+    def chunk_filter(self, wanted: NotePredicate | None) -> ChunkPredicate | None:
+        """A chunk-id predicate for the queries below: the chunk is in the view and its note is `wanted`."""
+        if wanted is None:
+            return None
+
+        def accept(chunk_id: str) -> bool:  # called by the queries below, under the mutex
+            c = self.chunks.get(chunk_id)
+            return c is not None and wanted(c.path, self.files.get(c.path))
+
+        return accept
+
+    def present(self, ranked: Iterable[tuple[str, float]], accept: ChunkPredicate | None = None) -> list[tuple[str, float]]:
+        """`ranked` without the chunks no longer in the view (a sync removed them) or that `accept` rules out."""
+        with self.mutex:
+            return [(cid, s) for cid, s in ranked if cid in self.chunks and (accept is None or accept(cid))]
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """{chunk id: its note} of the chunks of `ids` still in the view."""
+        with self.mutex:
+            return {cid: c.path for cid in ids if (c := self.chunks.get(cid)) is not None}
+
+    def tokenize(self, text: str) -> list[str]:
+        """A text's BM25 tokens, as the vault's chunks were tokenized (its titles, aliases and tags are words)."""
+        with self.mutex:
+            return self.tokenizer.tokenize(text)
+
+    def keyword(self, tokens: list[str], n: int, accept: ChunkPredicate | None = None) -> list[tuple[str, float]]:
+        """The n best chunks for `tokens` by BM25, best first."""
+        with self.mutex:
+            return self.bm25.search(tokens, n, accept)
+
+    def coverage(self, tokens: list[str], ids: list[str]) -> dict[str, float]:
+        """idf-weighted share of the distinct `tokens` found in each chunk of `ids`."""
+        distinct = list(dict.fromkeys(tokens))
+        if not distinct:
+            return {cid: 0.0 for cid in ids}
+        with self.mutex:
+            idf = self.bm25.term_idf(distinct)
+            total = sum(idf.values()) or 1.0
+            return {cid: sum(idf[t] for t in self.bm25.terms_in(cid, distinct)) / total for cid in ids}
+
+    def holders(self, token: str, accept: ChunkPredicate | None = None) -> list[str]:
+        """The notes holding `token`, in BM25 order of their chunks."""
+        with self.mutex:
+            found = self.bm25.search([token], len(self.chunks), accept)
+            return list(dict.fromkeys(self.chunks[cid].path for cid, _ in found if cid in self.chunks))
+
+    def property_keys(self) -> list[str]:
+        """Every property key some note has, sorted."""
+        with self.mutex:
+            return sorted({k for r in self.files.values() for k in r.properties})
+
+    def sample_texts(self, n: int) -> list[str]:
+        """The texts of the first `n` chunks (a language sample)."""
+        with self.mutex:
+            return [c.text for c in itertools.islice(self.chunks.values(), n)]
 
     @property
     def changed_since_save(self) -> bool:

@@ -265,25 +265,15 @@ class KnowledgeBase(LiveIndex):
         date_to: str | None = None,
         sort: str = "modified",
     ) -> tuple[str, dict]:
-        from kb_graph import check_date, check_where, matches_where, note_day, note_time
-        from kb_scan import modified_cutoff, normalize_prefix, under_prefix
+        from kb_filter import NoteFilter, note_day
+        from kb_scan import modified_cutoff
 
-        since = modified_cutoff(modified_within_days)
-        first, last = check_date("date_from", date_from), check_date("date_to", date_to)
+        modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
         self.ensure_fresh()
-        engine = self.engine
-        prefix = normalize_prefix(path_prefix)
-        with engine.mutex:
-            props = check_where(where, engine.files)
-            rows = [
-                (p, r)
-                for p, r in engine.files.items()
-                if under_prefix(p, prefix)
-                and (since is None or note_time(r) >= since)
-                and (props is None or matches_where(r, props))
-                and (first is None or note_day(r) >= first)
-                and (last is None or note_day(r) <= last)
-            ]
+        view = self.engine.view
+        flt = NoteFilter.of(path_prefix, None, modified_within_days, where, date_from, date_to, view.property_keys())
+        rows = view.select(flt.accepts)
+        prefix, since, props, first, last = flt.folder, flt.since, flt.where, flt.date_from, flt.date_to
         if sort == "date":
             rows.sort(key=lambda x: (note_day(x[1]), x[1].mtime_ns), reverse=True)
         else:
@@ -359,30 +349,28 @@ class KnowledgeBase(LiveIndex):
         engine = self._engine()
         rep = engine.last_report
         pending = engine.pending_vectors
-        with engine.mutex:
-            info = {
-                "kb_dir": str(self.cfg.kb_dir),
-                "index_dir": str(self.cfg.index_dir),
-                "notes": len(engine.files),
-                "chunks": len(engine.chunks),
-                "model": engine.embedder.name,
-                "semantic_search": engine.model_error is None,
-                "model_loading": not self._model_ready.is_set(),
-                "model_error": engine.model_error,
-                "sync_running": engine.syncing,
-                "sync_progress": list(engine.progress) if engine.progress else None,
-                "chunks_without_vector": pending or None,
-                "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at))
-                if engine.last_sync_at
-                else None,
-                "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
-                "last_sync_summary": rep.summary() if rep else None,
-                "change_detection": self.change_detection(),
-                "sync_warning": engine.held_deletions,
-                "freshness": dict(self.counts, file_events=self.changes.events if self.changes else 0),
-                "writable": list(self.cfg.writable),
-                "creatable": list(self.cfg.creatable),
-            }
+        notes, chunks = engine.view.size()
+        info = {
+            "kb_dir": str(self.cfg.kb_dir),
+            "index_dir": str(self.cfg.index_dir),
+            "notes": notes,
+            "chunks": chunks,
+            "model": engine.embedder.name,
+            "semantic_search": engine.model_error is None,
+            "model_loading": not self._model_ready.is_set(),
+            "model_error": engine.model_error,
+            "sync_running": engine.syncing,
+            "sync_progress": list(engine.progress) if engine.progress else None,
+            "chunks_without_vector": pending or None,
+            "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
+            "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
+            "last_sync_summary": rep.summary() if rep else None,
+            "change_detection": self.change_detection(),
+            "sync_warning": engine.held_deletions,
+            "freshness": dict(self.counts, file_events=self.changes.events if self.changes else 0),
+            "writable": list(self.cfg.writable),
+            "creatable": list(self.cfg.creatable),
+        }
         skipped = engine.skipped_files()
         info["vault"] = engine.vault_profile()
         info["warning"] = engine.model_warning()
@@ -713,13 +701,13 @@ def self_test(
             sync_ms=round(sync_ms, 1),
             model_load_ms=round(load_ms, 1),
             search_ms=round(result.elapsed_ms, 1),
-            notes_indexed=len(engine.files),
-            chunks_indexed=len(engine.chunks),
+            notes_indexed=engine.view.size()[0],
+            chunks_indexed=engine.view.size()[1],
         )
         print(json.dumps(data, ensure_ascii=False, indent=2))
         return 0
     print(
-        f"vault {cfg.kb_dir}: {len(engine.files)} notes, {len(engine.chunks)} chunks; sync {sync_ms:.0f} ms ({report.summary()})"
+        f"vault {cfg.kb_dir}: {engine.view.size()[0]} notes, {engine.view.size()[1]} chunks; sync {sync_ms:.0f} ms ({report.summary()})"
     )
     print(f"model load {load_ms:.0f} ms, search {result.elapsed_ms:.0f} ms\n")
     print(format_search(result, notes, 10**9)[0])
