@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kb_config import Config, KBError
@@ -21,6 +22,14 @@ logger = logging.getLogger(__name__)
 # How long a search with changes to apply waits for a sync another thread is running before answering from what is
 # indexed (a search with nothing to apply never waits).
 SYNC_WAIT_S = 20.0
+# How long a mode="semantic" search waits for the model still loading at start-up (hybrid never waits: it answers
+# with keywords and says semantic results join shortly).
+MODEL_WAIT_S = 60.0
+# Said with keyword-only answers while the model loads after a start.
+SEMANTIC_LOADING_NOTE = (
+    "semantic results join shortly: the embedding model is still loading, so this answer is keyword search only "
+    "(if nothing relevant was found, search again in a few seconds)"
+)
 # How long a search waits for the start-up thread's first keyword view before saying "still starting".
 STARTUP_WAIT_S = 60.0
 # On shutdown, how long to let a running sync finish its current batch before exiting.
@@ -70,7 +79,7 @@ class LiveIndex:
         self.searcher: Any = None
         self._embedder = embedder  # None: the configured model (tests pass a small fake)
         self._view_ready = threading.Event()  # engine built and its keyword view current: searches may answer
-        self._model_ready = threading.Event()  # the model loaded, or failed (engine.model_error says why)
+        self.model_ready = threading.Event()  # the model loaded, or failed (engine.model_error says why)
         self.startup_done = threading.Event()  # the start-up thread finished (synced, vectors embedded)
         self._init_error: BaseException | None = None
         self._started = False
@@ -126,7 +135,7 @@ class LiveIndex:
             self._init_error = e
             logger.exception("start-up failed")
             self._view_ready.set()
-            self._model_ready.set()
+            self.model_ready.set()
             return
         engine = self.engine
         self._start_watching()  # before the first walk, so no edit made during it is missed
@@ -144,7 +153,7 @@ class LiveIndex:
             self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search
         except Exception:
             logger.exception("warming up the relevance gate failed; the first search does it")
-        self._model_ready.set()
+        self.model_ready.set()
         try:
             engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)
             if engine.view_changed:
@@ -177,7 +186,9 @@ class LiveIndex:
             while engine.syncing and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def _engine(self) -> Any:
+    def ready_engine(self) -> Any:
+        """The engine once its keyword view is current (waits for start-up, at most STARTUP_WAIT_S); KBError if it
+        could not start."""
         if not self._view_ready.wait(timeout=STARTUP_WAIT_S):
             raise KBError("the index is still starting up; try again in a few seconds")
         if self._init_error is not None:
@@ -209,7 +220,7 @@ class LiveIndex:
         With file events: apply the paths they named (nothing else is read), or, with none, only check whether
         another process committed. Without events, or after lost ones: one stat walk of the vault.
         """
-        engine = self._engine()
+        engine = self.ready_engine()
         notes: list[str] = []
         if self._walk_reason is not None:
             if time.monotonic() - self._last_walk >= self.cfg.check_interval_s:
@@ -269,10 +280,39 @@ class LiveIndex:
         logger.info("file events came in during a search: applying them and searching again")
         return self._apply_events(self.engine, notes)
 
+    def search_mode(self, mode: str, notes: list[str]) -> str:
+        """The mode a search can run in now: while the model loads, hybrid answers with keywords (and says so) and
+        semantic waits for it (at most MODEL_WAIT_S)."""
+        if mode == "keyword" or self.model_ready.is_set():
+            return mode
+        if mode == "semantic":
+            if not self.model_ready.wait(MODEL_WAIT_S):
+                raise KBError(
+                    f"the embedding model is still loading after {MODEL_WAIT_S:.0f} s; try again shortly, or "
+                    "search with mode='keyword'"
+                )
+            return mode
+        notes.append(SEMANTIC_LOADING_NOTE)
+        return "keyword"
+
+    def fresh_search(self, run: Callable[[], Any], notes: list[str]) -> Any:
+        """Run a search (after ensure_fresh) so that it holds every edit saved before it was asked: again if file
+        events came in while it ran, or if a hit's note changed on disk after the events were taken."""
+        result = run()
+        if self.apply_late_events(notes):
+            result = run()
+        stale = self._stale_hits(result)
+        if stale:
+            logger.info("re-checking %d hit notes changed on disk: %s", len(stale), stale[:3])
+            if self._sync(self.engine, stale, notes):
+                result = run()
+        self._after_search()
+        return result
+
     def _sync(self, engine: Any, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
         """engine.try_sync with the reply's notes; True if it ran."""
         try:
-            report = self._try_sync(wait_s, paths)
+            report = self.try_sync(wait_s, paths)
         except KBError as e:
             notes.append(f"the index could not be refreshed ({e}); results may miss recent edits")
             return False
@@ -292,16 +332,16 @@ class LiveIndex:
             self._schedule_save()
         return True
 
-    def _try_sync(self, wait_s: float, paths: list[str] | None) -> Any:
+    def try_sync(self, wait_s: float, paths: list[str] | None) -> Any:
         """engine.try_sync, never loading the model on a search's path: before the model is ready, changes are
         committed without vectors (keyword search has them at once); vectors the engine leaves to embed are embedded
         in the background."""
         engine = self.engine
-        if self._model_ready.is_set():
+        if self.model_ready.is_set():
             report = engine.try_sync(wait_s, paths)
         else:
             report = engine.try_sync(wait_s, paths, embed_limit=0)
-        if report is not None and report.pending_vectors and self._model_ready.is_set() and engine.model_error is None:
+        if report is not None and report.pending_vectors and self.model_ready.is_set() and engine.model_error is None:
             if self._embedding.acquire(blocking=False):
                 threading.Thread(target=self._embed_pending, name="kb-embed", daemon=True).start()
         return report
@@ -328,7 +368,7 @@ class LiveIndex:
             self._last_walk = time.monotonic()
             ignored: list[str] = []
             self._apply_events(engine, ignored)
-            report = self._try_sync(SYNC_WAIT_S, None)
+            report = self.try_sync(SYNC_WAIT_S, None)
             if report is None:
                 return
             self._walked(background=True)

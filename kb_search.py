@@ -2,7 +2,7 @@
 gated for relevance against the vault's own background (kb_background), a found note followed by its translation.
 
 The one search implementation: the MCP tool, `--search`, eval/run_eval.py and eval/bench.py all call Searcher.search.
-Imports: kb_background, kb_config, kb_engine, kb_links, kb_state, kb_text, kb_vectors; lazily: kb_graph, kb_scan.
+Imports: kb_background, kb_config, kb_engine, kb_filter, kb_links, kb_state, kb_text, kb_vectors, kb_view.
 """
 
 from __future__ import annotations

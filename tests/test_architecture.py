@@ -46,6 +46,7 @@ ALLOWED = {
         "kb_links",
     },
     "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
+    "kb_filter": {"kb_config", "kb_scan", "kb_state", "kb_text"},
     "kb_background": {"kb_engine", "kb_vectors"},
     "kb_search": {
         "kb_config",
@@ -58,9 +59,23 @@ ALLOWED = {
         "kb_graph",
         "kb_links",
         "kb_background",
+        "kb_filter",
+        "kb_view",
     },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
     "kb_live": {"kb_config", "kb_scan", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
+    # The tools' logic: everything below the entry scripts, never the transport.
+    "kb_tools": {
+        "kb_config",
+        "kb_live",
+        "kb_filter",
+        "kb_graph",
+        "kb_links",
+        "kb_scan",
+        "kb_state",
+        "kb_text",
+        "kb_write",
+    },
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {
         "kb_config",
@@ -77,6 +92,7 @@ ALLOWED = {
         "kb_graph",
         "kb_http",
         "kb_live",
+        "kb_tools",
     },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
@@ -106,6 +122,8 @@ SERVER_SIDE = [
     "kb_http",
     "kb_write",
     "kb_live",
+    "kb_filter",
+    "kb_tools",
 ]
 
 

@@ -33,7 +33,7 @@ def _until(predicate: Callable[[], object], timeout_s: float = WAIT_S) -> bool:
 
 def _start(kb: mcp_server.KnowledgeBase) -> mcp_server.KnowledgeBase:
     kb.start()
-    assert kb.startup_done.wait(WAIT_S), "start-up did not finish"
+    assert kb.live.startup_done.wait(WAIT_S), "start-up did not finish"
     return kb
 
 
@@ -50,9 +50,9 @@ def _hits(kb: mcp_server.KnowledgeBase, query: str) -> list[str]:
 
 def _after_event(kb: mcp_server.KnowledgeBase, change: Callable[[], None]) -> None:
     """Make a change and wait until its file event reached the server (it delivers asynchronously)."""
-    seen = kb.changes.events
+    seen = kb.live.changes.events
     change()
-    assert _until(lambda: kb.changes.events > seen), "no file event arrived"
+    assert _until(lambda: kb.live.changes.events > seen), "no file event arrived"
 
 
 def _edit_in_place(vault: Path) -> tuple[str, str]:
@@ -101,15 +101,15 @@ def _rename_folder(vault: Path) -> tuple[str, str]:
     ids=lambda f: f.__name__[1:],
 )
 def test_search_finds_change_from_file_events_without_walking_the_vault(kb, small_vault, change):
-    walks = kb.counts["full_walks_before_search"]
+    walks = kb.live.counts["full_walks_before_search"]
     result: dict[str, tuple[str, str]] = {}
     _after_event(kb, lambda: result.setdefault("r", change(small_vault)))
     query, path = result["r"]
     hits = _hits(kb, query)
     assert hits[:1] == [path]
     assert "projects/alpha.md" not in hits or path == "projects/alpha.md"  # a renamed note left its old path
-    assert kb.counts["full_walks_before_search"] == walks == 0
-    assert kb.counts["event_syncs"] >= 1
+    assert kb.live.counts["full_walks_before_search"] == walks == 0
+    assert kb.live.counts["event_syncs"] >= 1
 
 
 def test_search_forgets_deleted_note_and_folder_without_walking_the_vault(kb, small_vault):
@@ -123,16 +123,16 @@ def test_search_forgets_deleted_note_and_folder_without_walking_the_vault(kb, sm
     outside = small_vault.parent / "trash"
     _after_event(kb, lambda: shutil.move(str(small_vault / "sub"), str(outside)))  # a folder moved out of the vault
     assert _hits(kb, "周末长距离跑") == []
-    assert "sub/笔记.md" not in kb.engine.files
-    assert kb.counts["full_walks_before_search"] == 0
+    assert "sub/笔记.md" not in kb.live.engine.files
+    assert kb.live.counts["full_walks_before_search"] == 0
 
 
 def test_an_edit_whose_event_comes_in_during_the_search_is_in_the_answer(kb, small_vault, monkeypatch):
     """watchdog hands an event through three threads; under load an edit saved just before the request reached the
     collector after the settle wait (test_mcp_server's edit test failed 1 run in 3). The search looks again at the end."""
     note = small_vault / "inbox.md"
-    searcher = kb.searcher
-    first, deliver = searcher.search, kb.changes.on_event
+    searcher = kb.live.searcher
+    first, deliver = searcher.search, kb.live.changes.on_event
     calls = []
 
     def search_while_the_event_arrives(*args, **kwargs):
@@ -145,9 +145,9 @@ def test_an_edit_whose_event_comes_in_during_the_search_is_in_the_answer(kb, sma
         return result
 
     monkeypatch.setattr(searcher, "search", search_while_the_event_arrives)
-    monkeypatch.setattr(kb.changes, "on_event", lambda event: None)  # only the event delivered above counts
+    monkeypatch.setattr(kb.live.changes, "on_event", lambda event: None)  # only the event delivered above counts
     assert _hits(kb, "wombat census") == ["inbox.md"]
-    assert len(calls) == 2 and kb.counts["late_event_syncs"] == 1
+    assert len(calls) == 2 and kb.live.counts["late_event_syncs"] == 1
     assert _hits(kb, "okapi zebra") == [] and len(calls) == 3  # no event in flight: one search
 
 
@@ -165,25 +165,25 @@ def test_search_during_a_burst_of_saves_waits_for_the_burst_and_takes_all_of_it(
             (folder / name).write_text(f"# {name}\n\nThe axolotl ledger entry {name}.\n", encoding="utf-8")
             time.sleep(0.01)
 
-    seen = kb.changes.events
+    seen = kb.live.changes.events
     writer = threading.Thread(target=save_all)
     writer.start()
     try:
-        assert _until(lambda: kb.changes.events > seen), "no file event arrived"
+        assert _until(lambda: kb.live.changes.events > seen), "no file event arrived"
         _hits(kb, "axolotl ledger")
-        indexed = sorted(p for p in kb.engine.files if p.startswith("burst/"))
+        indexed = sorted(p for p in kb.live.engine.files if p.startswith("burst/"))
     finally:
         writer.join()
     assert indexed == [f"burst/{n}" for n in names]
 
 
 def test_search_without_changes_only_checks_whether_another_process_committed(kb):
-    before = dict(kb.counts)
+    before = dict(kb.live.counts)
     for _ in range(3):
         _hits(kb, "PostgreSQL")
-    assert kb.counts["state_checks"] == before["state_checks"] + 3
-    assert kb.counts["event_syncs"] == before["event_syncs"]
-    assert kb.counts["full_walks_before_search"] == 0
+    assert kb.live.counts["state_checks"] == before["state_checks"] + 3
+    assert kb.live.counts["event_syncs"] == before["event_syncs"]
+    assert kb.live.counts["full_walks_before_search"] == 0
 
 
 def test_start_up_finds_edits_made_while_no_server_ran(small_vault, tmp_path, make_engine):
@@ -195,7 +195,7 @@ def test_start_up_finds_edits_made_while_no_server_ran(small_vault, tmp_path, ma
     kb = _start(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=HashEmbedder()))
     try:
         assert _hits(kb, "narwhal census") == ["offline.md"]
-        assert "inbox.md" not in kb.engine.files
+        assert "inbox.md" not in kb.live.engine.files
     finally:
         kb.shutdown()
 
@@ -209,49 +209,49 @@ def test_search_walks_the_vault_when_file_events_are_unavailable(small_vault, tm
     try:
         (small_vault / "late.md").write_text("# Late\n\nThe ibis migration started.\n", encoding="utf-8")
         assert _hits(kb, "ibis migration") == ["late.md"]
-        assert kb.counts["full_walks_before_search"] == 1
+        assert kb.live.counts["full_walks_before_search"] == 1
         assert "inotify instance limit" in kb.status()[1]["change_detection"]
     finally:
         kb.shutdown()
 
 
 def test_search_walks_the_vault_after_events_were_lost(kb, small_vault):
-    kb.changes.mark_full("the operating system dropped file events (inotify queue overflow)")
+    kb.live.changes.mark_full("the operating system dropped file events (inotify queue overflow)")
     assert _hits(kb, "PostgreSQL ledger") == ["projects/alpha.md"]
-    assert kb.counts["full_walks_before_search"] == 1
+    assert kb.live.counts["full_walks_before_search"] == 1
     _hits(kb, "PostgreSQL ledger")
-    assert kb.counts["full_walks_before_search"] == 1  # back to events
+    assert kb.live.counts["full_walks_before_search"] == 1  # back to events
 
 
 def _lose_events(kb: mcp_server.KnowledgeBase) -> None:
     """Stop the server's observer: changes from here on come with no event (as past the inotify watch limit)."""
-    kb._observer.stop()
-    kb._observer.join(WAIT_S)
+    kb.live._observer.stop()
+    kb.live._observer.join(WAIT_S)
 
 
 def test_search_starts_background_audit_walk_that_finds_missed_change(kb, small_vault, monkeypatch):
     monkeypatch.setattr(kb_live, "SAFETY_WALK_S", 0.0)
     _lose_events(kb)
-    background = kb.counts["full_walks_in_background"]
+    background = kb.live.counts["full_walks_in_background"]
     (small_vault / "marmot.md").write_text("# Marmot\n\nThe marmot count is 7.\n", encoding="utf-8")
     _hits(kb, "anything")  # no event: this search cannot know; it starts the audit, which nobody waits for
-    assert _until(lambda: kb.counts["full_walks_in_background"] > background), "no audit walk ran"
-    assert _until(lambda: "marmot.md" in kb.engine.files)
-    assert kb.counts["changes_missed_by_events"] == 1 and kb.counts["full_walks_before_search"] == 0
+    assert _until(lambda: kb.live.counts["full_walks_in_background"] > background), "no audit walk ran"
+    assert _until(lambda: "marmot.md" in kb.live.engine.files)
+    assert kb.live.counts["changes_missed_by_events"] == 1 and kb.live.counts["full_walks_before_search"] == 0
 
 
 def test_repeated_missed_changes_switch_searches_to_walking_the_vault(kb, small_vault):
     _lose_events(kb)
     for word in ("marmot", "wombat"):
         (small_vault / f"{word}.md").write_text(f"# {word}\n\nThe {word} count is 7.\n", encoding="utf-8")
-        assert kb._audit_running.acquire(timeout=WAIT_S)
-        kb._audit()  # as the background audit runs it (and releases the flag)
-    assert kb.counts["changes_missed_by_events"] == 2
+        assert kb.live._audit_running.acquire(timeout=WAIT_S)
+        kb.live._audit()  # as the background audit runs it (and releases the flag)
+    assert kb.live.counts["changes_missed_by_events"] == 2
     assert "audit walks" in kb.status()[1]["change_detection"]
     (small_vault / "heron.md").write_text("# heron\n\nThe heron count is 3.\n", encoding="utf-8")
-    walks = kb.counts["full_walks_before_search"]
+    walks = kb.live.counts["full_walks_before_search"]
     assert _hits(kb, "heron count")[:1] == ["heron.md"]
-    assert kb.counts["full_walks_before_search"] == walks + 1
+    assert kb.live.counts["full_walks_before_search"] == walks + 1
 
 
 class _SlowModel(HashEmbedder):
@@ -275,13 +275,13 @@ def test_first_search_answers_with_keywords_while_the_model_loads(small_vault, t
     kb.start()
     try:
         text, data = kb.search("PostgreSQL ledger")
-        assert data["mode"] == "keyword" and mcp_server.SEMANTIC_LOADING_NOTE in text
+        assert data["mode"] == "keyword" and kb_live.SEMANTIC_LOADING_NOTE in text
         assert [h["path"] for h in data["hits"]][:1] == ["projects/alpha.md"]
         assert kb.status()[1]["model_loading"] is True
         model.release.set()
-        assert kb._model_ready.wait(WAIT_S)
+        assert kb.live.model_ready.wait(WAIT_S)
         text, data = kb.search("PostgreSQL ledger")
-        assert data["mode"] == "hybrid" and mcp_server.SEMANTIC_LOADING_NOTE not in text
+        assert data["mode"] == "hybrid" and kb_live.SEMANTIC_LOADING_NOTE not in text
     finally:
         model.release.set()
         kb.shutdown()
@@ -297,8 +297,8 @@ def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(sm
         assert _hits(kb, "kiwi harvest") == ["early.md"]  # committed without vectors: nothing waited for the model
         assert model.embedded == 0
         model.release.set()
-        assert kb.startup_done.wait(WAIT_S)
-        assert kb.engine.pending_vectors == 0 and model.embedded > 0  # embedded once the model loaded
+        assert kb.live.startup_done.wait(WAIT_S)
+        assert kb.live.engine.pending_vectors == 0 and model.embedded > 0  # embedded once the model loaded
     finally:
         model.release.set()
         kb.shutdown()

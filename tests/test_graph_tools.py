@@ -36,7 +36,7 @@ def vault(tmp_path: Path) -> Path:
 def _kb(vault: Path, data: Path) -> mcp_server.KnowledgeBase:
     kb = mcp_server.KnowledgeBase(make_config(vault, data), embedder=HashEmbedder())
     kb.start()
-    assert kb.startup_done.wait(WAIT_S)
+    assert kb.live.startup_done.wait(WAIT_S)
     return kb
 
 

@@ -1,0 +1,417 @@
+"""The tools' logic: search, append, read_note, list_notes, related_notes and index_status over the live index, each
+returning the text the model reads and the same as structured content, within the response budget.
+
+The transport (mcp_server: stdio or HTTP) only declares the tools and dispatches to KnowledgeBase.
+Imports: kb_config, kb_live; lazily: kb_filter, kb_graph, kb_links, kb_scan, kb_state, kb_text, kb_write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+from kb_config import Config, KBError
+from kb_live import SYNC_WAIT_S, LiveIndex
+
+logger = logging.getLogger(__name__)
+
+# Longest title shown per note in list_notes.
+TITLE_CHARS = 80
+# Characters of a file name or path quoted in an error message (names can be thousands of characters).
+QUOTE_CHARS = 120
+# Ending of a reply cut by the last-resort size guard.
+CUT_MARK = "\n[cut to fit the response budget]"
+
+
+def fit(text: str, budget: int) -> str:
+    """`text` cut to `budget` characters, saying so (the last-resort guard of the response budget)."""
+    if len(text) <= budget:
+        return text
+    return text[: max(0, budget - len(CUT_MARK))] + CUT_MARK
+
+
+def quote(value: Any) -> str:
+    text = str(value)
+    return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + f"... ({len(text):,} characters)")
+
+
+class KnowledgeBase:
+    """The tools' logic over a live index (kb_live: the engine, created in the background, and freshness); each tool
+    returns (text for the model, structured content). The transport (mcp_server) only dispatches to these."""
+
+    def __init__(self, cfg: Config, embedder: Any = None, live: LiveIndex | None = None) -> None:
+        self.cfg = cfg
+        self.live = live or LiveIndex(cfg, embedder)
+
+    def start(self) -> None:
+        self.live.start()
+
+    def shutdown(self) -> None:
+        self.live.shutdown()
+
+    # ---- tools ----------------------------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        alternatives: list[str] | None = None,
+        top_k: int | None = None,
+        path_prefix: str | None = None,
+        mode: str | None = None,
+        tag: str | None = None,
+        modified_within_days: float | None = None,
+        where: dict[str, Any] | None = None,
+        date_from: str | None = None,
+        date_to: str | None = None,
+    ) -> tuple[str, dict]:
+        from kb_scan import modified_cutoff
+
+        modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
+        live = self.live
+        notes = live.ensure_fresh()
+        mode = live.search_mode(mode or self.cfg.search_mode, notes)
+
+        def run() -> Any:
+            return live.searcher.search(
+                query,
+                alternatives=alternatives,
+                top_k=top_k,
+                mode=mode,
+                path_prefix=path_prefix,
+                tag=tag,
+                modified_within_days=modified_within_days,
+                where=where,
+                date_from=date_from,
+                date_to=date_to,
+            )
+
+        result = live.fresh_search(run, notes)
+        notes += result.notes
+        return format_search(result, notes, self.cfg.max_response_chars)
+
+    def append(self, path: str, content: str, heading: str | None, create_heading: bool) -> tuple[str, dict]:
+        from kb_write import append_to_note
+
+        self.live.ready_engine()
+        result = append_to_note(self.cfg, path, content, heading, create_heading)
+        indexed = "and indexed"
+        try:
+            report = self.live.try_sync(SYNC_WAIT_S, [result.path])
+            if report is None:
+                indexed = "but not yet indexed (a long indexing run is busy); the next search indexes it"
+            elif report.lock_timeout:
+                indexed = "but not yet indexed (another process held the index lock); the next search indexes it"
+        except KBError as e:
+            indexed = f"but not yet indexed ({e}); the next search indexes it"
+        if result.duplicate:
+            text = (
+                f"Not appended again: the same text was already appended to {result.path} (lines "
+                f"{result.line_start}-{result.line_end}) within the last {self.cfg.dedupe_window_s:.0f} s."
+            )
+        else:
+            where = f" under '{result.heading}'" + (" (new heading)" if result.created_heading else "") if result.heading else ""
+            text = (
+                f"Appended {result.chars} characters to {result.path}{where}, lines {result.line_start}-{result.line_end}"
+                f"{' (new note)' if result.created_note else ''}, {indexed}."
+            )
+        return text, asdict(result)
+
+    def _expand_embeds(self, norm: str) -> str:
+        """The note with its ![[embeds]] replaced by the embedded notes or sections (depth-limited, cycle-safe)."""
+        from kb_links import expand_embeds
+        from kb_scan import read_note_bytes, resolve_inside
+        from kb_state import decode_note
+
+        self.live.ensure_fresh()
+        resolver = self.live.engine.view.resolver()
+
+        def read(rel: str) -> str | None:
+            try:
+                full, _ = resolve_inside(self.cfg, rel)
+                return decode_note(read_note_bytes(full, self.cfg.max_file_bytes))[0]
+            except (KBError, OSError, ValueError):
+                return None
+
+        return expand_embeds(norm, read, resolver)
+
+    def read_note(self, path: str, heading: str | None, start_line: int, expand: bool = False) -> tuple[str, dict]:
+        from kb_scan import read_note_bytes, resolve_inside
+        from kb_state import decode_note
+        from kb_text import split_lines
+
+        self.live.ready_engine()
+        full, norm = resolve_inside(self.cfg, path)
+        try:
+            text, _ = decode_note(read_note_bytes(full, self.cfg.max_file_bytes))
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise KBError(f"cannot read '{norm}': {reason}; check the note with index_status (skipped files)") from e
+        expanded = ""
+        if expand:
+            text, expanded = self._expand_embeds(norm), " (embeds expanded: line numbers count the expanded text)"
+        lines = split_lines(text)  # as chunk line numbers count them, so cited lines match (CR-only notes too)
+        if len(lines) > 1 and lines[-1] == "":
+            lines.pop()  # the final newline ends the last line; it does not start an empty one
+        first, last, repeat_note = 1, len(lines), ""
+        if heading and heading.strip():
+            first, last, repeat_note = _section_bounds(lines, heading, norm)
+        if start_line > last:
+            where = f"'{norm}' ({last} lines)"
+            if heading and heading.strip():
+                where = f"section '{heading.strip()}' of '{norm}' (lines {first}-{last})"
+            raise KBError(f"start_line {start_line} is past the end of {where}; pass a start_line from {first} to {last}")
+        first = max(first, start_line)
+        # Room for the header (its longest form, numbers at their widest) and one cut-line notice.
+        widest = len(str(len(lines) + 1))
+        header_room = len(norm) + len(repeat_note) + len(expanded) + 260 + 4 * widest
+        budget = max(200, self.cfg.max_response_chars - header_room)
+        out: list[str] = []
+        used = 0
+        end = first - 1
+        cut_line: tuple[int, int, int] | None = None  # (line number, characters shown, characters in the line)
+        for i in range(first - 1, last):
+            line = lines[i]
+            if used + len(line) + 1 > budget:
+                if out:
+                    break
+                line = line[:budget]  # one line longer than the whole budget: show its start
+                cut_line = (i + 1, len(line), len(lines[i]))
+            out.append(line)
+            used += len(line) + 1
+            end = i + 1
+            if cut_line:
+                break
+        body = "\n".join(out)
+        header = f"{norm} lines {first}-{end} of {len(lines)}{repeat_note}{expanded}"
+        if cut_line:
+            n, shown, total = cut_line
+            header += (
+                f" (line {n} has {total:,} characters; only its first {shown:,} are shown: read_note pages by whole "
+                "lines, search finds words in the rest)"
+            )
+        more = end < last
+        if more:
+            header += f" (cut to fit the response budget; call read_note again with start_line={end + 1} for the rest)"
+        return f"{header}\n\n{body}", {
+            "path": norm,
+            "line_start": first,
+            "line_end": end,
+            "total_lines": len(lines),
+            "truncated": more or cut_line is not None,
+            "next_start_line": end + 1 if more else None,
+            "line_cut": {"line": cut_line[0], "shown_chars": cut_line[1], "total_chars": cut_line[2]} if cut_line else None,
+            "text": body,
+        }
+
+    def list_notes(
+        self,
+        path_prefix: str | None,
+        modified_within_days: float | None,
+        where: dict[str, Any] | None = None,
+        date_from: str | None = None,
+        date_to: str | None = None,
+        sort: str = "modified",
+    ) -> tuple[str, dict]:
+        from kb_filter import NoteFilter, note_day
+        from kb_scan import modified_cutoff
+
+        modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
+        self.live.ensure_fresh()
+        view = self.live.engine.view
+        flt = NoteFilter.of(path_prefix, None, modified_within_days, where, date_from, date_to, view.property_keys())
+        rows = view.select(flt.accepts)
+        prefix, since, props, first, last = flt.folder, flt.since, flt.where, flt.date_from, flt.date_to
+        if sort == "date":
+            rows.sort(key=lambda x: (note_day(x[1]), x[1].mtime_ns), reverse=True)
+        else:
+            rows.sort(key=lambda x: -x[1].mtime_ns)
+        head = (
+            f"{len(rows)} notes"
+            + (f" under '{prefix}/'" if prefix else "")
+            + (f" modified in the last {modified_within_days:g} days" if since is not None else "")
+            + (f" matching {where}" if props else "")
+            + (f" dated {first or '…'} to {last or '…'}" if first or last else "")
+            + (", newest note date first" if sort == "date" else ", newest first")
+        )
+        room = self.cfg.max_response_chars - len(head) - 200  # 200: the "showing N" remark
+        lines, items, used = [], [], 0
+        for p, r in rows:
+            stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.mtime_ns / 1e9))
+            line = (
+                f"{p} | {r.title[:TITLE_CHARS]} | {stamp}"
+                + (f" | date {r.date}" if r.date else "")
+                + (f" | skipped: {r.skipped}" if r.skipped else "")
+            )
+            if used + len(line) + 1 > room:
+                break
+            lines.append(line)
+            items.append({"path": p, "title": r.title, "modified": stamp, "date": r.date or None, "tags": list(r.tags)})
+            used += len(line) + 1
+        if len(items) < len(rows):
+            head += f"; showing {len(items)} (narrow with path_prefix, where or dates for the rest)"
+        return head + ":\n" + "\n".join(lines), {"total": len(rows), "notes": items, "truncated": len(items) < len(rows)}
+
+    def related(self, path: str, limit: int) -> tuple[str, dict]:
+        from kb_graph import related_notes
+        from kb_scan import resolve_inside
+
+        _, norm = resolve_inside(self.cfg, path)
+        self.live.ensure_fresh()
+        rel = related_notes(self.live.engine, norm, limit)
+        sections = [
+            ("links from this note", [f"{h.path} (line {h.line}: {h.context})" for h in rel.outgoing[:limit]]),
+            ("backlinks (notes linking here)", [f"{h.path}:{h.line} {h.context}" for h in rel.backlinks[:limit]]),
+            ("nearest in meaning", [f"{p} (cosine {c:.2f})" for p, c in rel.nearest]),
+            ("unresolved links", [f"[[{h.path}]] (line {h.line})" for h in rel.unresolved[:limit]]),
+        ]
+        parts = [f"Notes related to {norm}; open one with read_note", *rel.notes]
+        used = sum(len(x) + 1 for x in parts)
+        cut = False
+        for title, rows in sections:
+            if not rows:
+                continue
+            block = [f"\n{title} ({len(rows)}):"]
+            for row in rows:
+                if used + len(row) + 3 > self.cfg.max_response_chars - 200:
+                    cut = True
+                    break
+                block.append(f"- {row}")
+                used += len(row) + 3
+            parts.extend(block)
+        if cut:
+            parts.append("\n(cut to fit the response budget; lower limit for a shorter list)")
+        data = {
+            "path": norm,
+            "outgoing": [asdict(h) for h in rel.outgoing[:limit]],
+            "backlinks": [asdict(h) for h in rel.backlinks[:limit]],
+            "nearest": [{"path": p, "cosine": round(c, 4)} for p, c in rel.nearest],
+            "unresolved": [asdict(h) for h in rel.unresolved[:limit]],
+            "notes": rel.notes,
+            "truncated": cut,
+        }
+        return "\n".join(parts), data
+
+    def status(self) -> tuple[str, dict]:
+        self.live.ensure_fresh()
+        engine = self.live.ready_engine()
+        rep = engine.last_report
+        pending = engine.pending_vectors
+        notes, chunks = engine.view.size()
+        info = {
+            "kb_dir": str(self.cfg.kb_dir),
+            "index_dir": str(self.cfg.index_dir),
+            "notes": notes,
+            "chunks": chunks,
+            "model": engine.embedder.name,
+            "semantic_search": engine.model_error is None,
+            "model_loading": not self.live.model_ready.is_set(),
+            "model_error": engine.model_error,
+            "sync_running": engine.syncing,
+            "sync_progress": list(engine.progress) if engine.progress else None,
+            "chunks_without_vector": pending or None,
+            "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
+            "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
+            "last_sync_summary": rep.summary() if rep else None,
+            "change_detection": self.live.change_detection(),
+            "sync_warning": engine.held_deletions,
+            "freshness": dict(self.live.counts, file_events=self.live.changes.events if self.live.changes else 0),
+            "writable": list(self.cfg.writable),
+            "creatable": list(self.cfg.creatable),
+        }
+        skipped = engine.skipped_files()
+        info["vault"] = engine.vault_profile()
+        info["warning"] = engine.model_warning()
+        lines = [f"{k}: {v}" for k, v in info.items() if v not in (None, [], {})]
+        info["skipped_total"] = len(skipped)
+        info["skipped_files"] = {}
+        if skipped:
+            room = self.cfg.max_response_chars - sum(len(x) + 1 for x in lines) - 300  # 300: the two remarks
+            lines.append(f"skipped files ({len(skipped)}):")
+            for p, why in skipped.items():
+                line = f"  {p}: {why}"
+                if len(line) + 1 > room:
+                    break
+                lines.append(line)
+                info["skipped_files"][p] = why
+                room -= len(line) + 1
+            rest = len(skipped) - len(info["skipped_files"])
+            if rest:
+                lines.append(
+                    f"  ... and {rest} more, cut to fit the response budget; list_notes (with a path_prefix) marks "
+                    "every skipped note with its reason"
+                )
+        return "\n".join(lines), info
+
+
+def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int, str]:
+    """1-based first and last line of the section under `heading`, and a note when the heading repeats."""
+    from kb_text import find_sections, list_headings
+
+    found = find_sections(lines, heading)
+    if not found:
+        names = ", ".join(t[:TITLE_CHARS] for _, _, t in list_headings(lines)[:30]) or "none"
+        raise KBError(f"heading {quote(heading.strip())} is not in '{norm}'; its headings are: {names}")
+    start, end, _ = found[0]
+    note = ""
+    if len(found) > 1:
+        others = ", ".join(str(i + 1) for i, _, _ in found[1:20])
+        note = f" (the heading appears {len(found)} times; this is the first, others start at lines {others}: use start_line)"
+    return start + 1, end, note
+
+
+def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict]:
+    """Compact, citeable text for the model, plus the same as structured content; cut to the response budget."""
+    structured: dict[str, Any] = {
+        "query": result.query,
+        "mode": result.mode,
+        "abstained": result.abstained,
+        "hits": [],
+        "notes": notes,
+        "truncated": False,
+    }
+    if result.abstained:
+        text = (
+            f'Nothing relevant in the notes for "{result.query}": no note passed the relevance threshold, so the '
+            "notes do not seem to cover this. Say so rather than guess from them, or search again with other words "
+            "(for example the terms the notes would use, or the other language)."
+        )
+        if result.closest:
+            text += " Nearest notes, low confidence: " + ", ".join(result.closest) + "."
+        structured["closest"] = result.closest
+        structured["low_confidence"] = [h.as_dict() for h in result.low_confidence]
+        parts = [text, *notes]
+        if result.low_confidence:
+            parts.append("Nearest passages (low confidence, probably not an answer; judge them yourself):")
+            for i, h in enumerate(result.low_confidence, 1):
+                parts.append(f"[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}\n{h.snippet}")
+        return fit("\n".join(parts), budget), structured
+    head = f'{len(result.hits)} hits for "{result.query}" ({result.mode}); cite as path:lines'
+    if result.alternatives:
+        head += "; also searched: " + "; ".join(f'[alternative {i}] "{a}"' for i, a in enumerate(result.alternatives, 1))
+        structured["alternatives"] = result.alternatives
+    parts = [head, *notes]
+    used = sum(len(p) + 1 for p in parts)
+    first_hit: dict[str, int] = {}  # note -> the number of its first hit
+    for i, h in enumerate(result.hits, 1):
+        first_hit.setdefault(h.path, i)
+        scores = (
+            f"fused {h.score:.4f}"
+            + (f", keyword #{h.keyword_rank}" if h.keyword_rank else "")
+            + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
+        )
+        of = f" · translation of [{first_hit[h.translation_of]}]" if h.translation_of in first_hit else ""
+        by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
+        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}{by}\n{h.snippet}"
+        if used + len(block) > budget - 200:  # 200: the remark below
+            structured["truncated"] = True
+            parts.append(
+                f"\n({len(result.hits) - i + 1} more hits cut to fit the response budget; lower top_k or narrow "
+                "with path_prefix, and use read_note to open a hit)"
+            )
+            break
+        parts.append(block)
+        structured["hits"].append(h.as_dict())
+        used += len(block)
+    return fit("\n".join(parts), budget), structured
