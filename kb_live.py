@@ -11,11 +11,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_config import Config, KBError
 from kb_scan import Stat, note_stat
-from kb_state import file_identity
+from kb_state import SyncReport, file_identity
+
+if TYPE_CHECKING:  # imported for real in the start-up thread (they pull numpy, jieba, the models)
+    from kb_engine import Engine
+    from kb_search import Searcher, SearchResult
+    from kb_vectors import Embedder
+    from kb_watch import ChangeCollector
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +65,7 @@ SAFETY_WALK_S = 30.0
 MISSED_AUDITS_TO_FALLBACK = 2
 
 
-def load_model(engine: Any) -> None:
+def load_model(engine: Engine) -> None:
     """Load the engine's model now, so no search pays for it; a failure leaves keyword search, with the reason."""
     if engine.model_error is not None:
         return
@@ -73,10 +79,10 @@ def load_model(engine: Any) -> None:
 class LiveIndex:
     """The engine (created in the background) kept current with the notes: what every tool searches or reads."""
 
-    def __init__(self, cfg: Config, embedder: Any = None) -> None:
+    def __init__(self, cfg: Config, embedder: Embedder | None = None) -> None:
         self.cfg = cfg
-        self.engine: Any = None
-        self.searcher: Any = None
+        self.engine: Engine = None  # type: ignore[assignment]  # set by the start-up thread; ready_engine() waits
+        self.searcher: Searcher = None  # type: ignore[assignment]
         self._embedder = embedder  # None: the configured model (tests pass a small fake)
         self._view_ready = threading.Event()  # engine built and its keyword view current: searches may answer
         self.model_ready = threading.Event()  # the model loaded, or failed (engine.model_error says why)
@@ -86,14 +92,16 @@ class LiveIndex:
         self._save_timer: threading.Timer | None = None
         self._save_lock = threading.Lock()
         # Freshness: file events when they work, else a stat walk before each search.
-        self.changes: Any = None  # kb_watch.ChangeCollector once watching
+        self.changes: ChangeCollector | None = None  # once watching
         self._observer: Any = None
         self._walk_reason: str | None = None  # why searches walk the vault (None: file events are trusted)
         self._last_walk = 0.0  # time.monotonic() of the last full walk that completed
         self._audit_running = threading.Lock()
         self._embedding = threading.Lock()  # held while a background embed_pending runs
         self._missed_audits = 0
-        self._state_seen: Any = None  # state.json's identity when this process last synced (others commit there)
+        self._state_seen: tuple[int, int, int] | None = (
+            None  # state.json's identity when this process last synced (others commit there)
+        )
         self.counts = {
             "event_syncs": 0,  # searches that applied changed paths from file events
             "state_checks": 0,  # searches with no event, checking only whether another process committed
@@ -186,7 +194,7 @@ class LiveIndex:
             while engine.syncing and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def ready_engine(self) -> Any:
+    def ready_engine(self) -> Engine:
         """The engine once its keyword view is current (waits for start-up, at most STARTUP_WAIT_S); KBError if it
         could not start."""
         if not self._view_ready.wait(timeout=STARTUP_WAIT_S):
@@ -242,7 +250,7 @@ class LiveIndex:
                 return
             time.sleep(min(EVENT_QUIET_S - quiet_for, deadline - now))
 
-    def _apply_events(self, engine: Any, notes: list[str]) -> bool:
+    def _apply_events(self, engine: Engine, notes: list[str]) -> bool:
         """Apply the changes file events named (none: check only whether another process committed); True if some
         were applied."""
         from kb_watch import expand_folders
@@ -295,7 +303,7 @@ class LiveIndex:
         notes.append(SEMANTIC_LOADING_NOTE)
         return "keyword"
 
-    def fresh_search(self, run: Callable[[], Any], notes: list[str]) -> Any:
+    def fresh_search(self, run: Callable[[], SearchResult], notes: list[str]) -> SearchResult:
         """Run a search (after ensure_fresh) so that it holds every edit saved before it was asked: again if file
         events came in while it ran, or if a hit's note changed on disk after the events were taken."""
         result = run()
@@ -309,7 +317,7 @@ class LiveIndex:
         self._after_search()
         return result
 
-    def _sync(self, engine: Any, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
+    def _sync(self, engine: Engine, paths: list[str] | None, notes: list[str], wait_s: float = SYNC_WAIT_S) -> bool:
         """engine.try_sync with the reply's notes; True if it ran."""
         try:
             report = self.try_sync(wait_s, paths)
@@ -332,7 +340,7 @@ class LiveIndex:
             self._schedule_save()
         return True
 
-    def try_sync(self, wait_s: float, paths: list[str] | None) -> Any:
+    def try_sync(self, wait_s: float, paths: list[str] | None) -> SyncReport | None:
         """engine.try_sync, never loading the model on a search's path: before the model is ready, changes are
         committed without vectors (keyword search has them at once); vectors the engine leaves to embed are embedded
         in the background."""
@@ -399,7 +407,7 @@ class LiveIndex:
             "while searches come in"
         )
 
-    def _stale_hits(self, result: Any) -> list[str]:
+    def _stale_hits(self, result: SearchResult) -> list[str]:
         """Hit notes whose file no longer matches the index (an event still in flight): one stat per note."""
         engine = self.engine
         stale = []

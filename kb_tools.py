@@ -2,7 +2,8 @@
 returning the text the model reads and the same as structured content, within the response budget.
 
 The transport (mcp_server: stdio or HTTP) only declares the tools and dispatches to KnowledgeBase.
-Imports: kb_config, kb_live; lazily: kb_filter, kb_graph, kb_links, kb_scan, kb_state, kb_text, kb_write.
+Imports: kb_config, kb_live; lazily: kb_filter, kb_graph, kb_links, kb_scan, kb_search, kb_state, kb_text, kb_vectors,
+kb_write.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_config import Config, KBError
 from kb_live import SYNC_WAIT_S, LiveIndex
+
+if TYPE_CHECKING:
+    from kb_search import SearchResult
+    from kb_vectors import Embedder
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +28,11 @@ TITLE_CHARS = 80
 QUOTE_CHARS = 120
 # Ending of a reply cut by the last-resort size guard.
 CUT_MARK = "\n[cut to fit the response budget]"
+# Room a reply that may be cut keeps for the remark saying so and how to get the rest (each is under 160 characters).
+REMARK_ROOM = 200
+# Room read_note keeps for its header's fixed words (the longest: a cut line's notice plus the "call again" remark);
+# the path, the section note and the line numbers are counted apart.
+READ_HEADER_ROOM = 260
 
 
 def fit(text: str, budget: int) -> str:
@@ -30,6 +40,23 @@ def fit(text: str, budget: int) -> str:
     if len(text) <= budget:
         return text
     return text[: max(0, budget - len(CUT_MARK))] + CUT_MARK
+
+
+class Budget:
+    """What is left of the response budget while a reply is built, REMARK_ROOM kept back for the closing remark.
+
+    Example: b = Budget(max_response_chars, head); rows = [r for r in rows if b.take(r)] keeps the rows that fit.
+    """
+
+    def __init__(self, total: int, *spent: str) -> None:
+        self.left = total - REMARK_ROOM - sum(len(x) + 1 for x in spent)
+
+    def take(self, text: str) -> bool:
+        """Spend room for `text` and its newline if it fits; False (nothing spent) if it does not."""
+        if len(text) + 1 > self.left:
+            return False
+        self.left -= len(text) + 1
+        return True
 
 
 def quote(value: Any) -> str:
@@ -41,7 +68,7 @@ class KnowledgeBase:
     """The tools' logic over a live index (kb_live: the engine, created in the background, and freshness); each tool
     returns (text for the model, structured content). The transport (mcp_server) only dispatches to these."""
 
-    def __init__(self, cfg: Config, embedder: Any = None, live: LiveIndex | None = None) -> None:
+    def __init__(self, cfg: Config, embedder: Embedder | None = None, live: LiveIndex | None = None) -> None:
         self.cfg = cfg
         self.live = live or LiveIndex(cfg, embedder)
 
@@ -73,7 +100,7 @@ class KnowledgeBase:
         notes = live.ensure_fresh()
         mode = live.search_mode(mode or self.cfg.search_mode, notes)
 
-        def run() -> Any:
+        def run() -> SearchResult:
             return live.searcher.search(
                 query,
                 alternatives=alternatives,
@@ -165,8 +192,8 @@ class KnowledgeBase:
         first = max(first, start_line)
         # Room for the header (its longest form, numbers at their widest) and one cut-line notice.
         widest = len(str(len(lines) + 1))
-        header_room = len(norm) + len(repeat_note) + len(expanded) + 260 + 4 * widest
-        budget = max(200, self.cfg.max_response_chars - header_room)
+        header_room = len(norm) + len(repeat_note) + len(expanded) + READ_HEADER_ROOM + 4 * widest
+        budget = max(REMARK_ROOM, self.cfg.max_response_chars - header_room)
         out: list[str] = []
         used = 0
         end = first - 1
@@ -235,8 +262,8 @@ class KnowledgeBase:
             + (f" dated {first or '…'} to {last or '…'}" if first or last else "")
             + (", newest note date first" if sort == "date" else ", newest first")
         )
-        room = self.cfg.max_response_chars - len(head) - 200  # 200: the "showing N" remark
-        lines, items, used = [], [], 0
+        budget = Budget(self.cfg.max_response_chars, head)
+        lines, items = [], []
         for p, r in rows:
             stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.mtime_ns / 1e9))
             line = (
@@ -244,11 +271,10 @@ class KnowledgeBase:
                 + (f" | date {r.date}" if r.date else "")
                 + (f" | skipped: {r.skipped}" if r.skipped else "")
             )
-            if used + len(line) + 1 > room:
+            if not budget.take(line):
                 break
             lines.append(line)
             items.append({"path": p, "title": r.title, "modified": stamp, "date": r.date or None, "tags": list(r.tags)})
-            used += len(line) + 1
         if len(items) < len(rows):
             head += f"; showing {len(items)} (narrow with path_prefix, where or dates for the rest)"
         return head + ":\n" + "\n".join(lines), {"total": len(rows), "notes": items, "truncated": len(items) < len(rows)}
@@ -267,19 +293,18 @@ class KnowledgeBase:
             ("unresolved links", [f"[[{h.path}]] (line {h.line})" for h in rel.unresolved[:limit]]),
         ]
         parts = [f"Notes related to {norm}; open one with read_note", *rel.notes]
-        used = sum(len(x) + 1 for x in parts)
+        budget = Budget(self.cfg.max_response_chars, *parts)
         cut = False
         for title, rows in sections:
-            if not rows:
+            if not rows or not budget.take(f"\n{title} ({len(rows)}):"):
+                cut = cut or bool(rows)
                 continue
-            block = [f"\n{title} ({len(rows)}):"]
+            parts.append(f"\n{title} ({len(rows)}):")
             for row in rows:
-                if used + len(row) + 3 > self.cfg.max_response_chars - 200:
+                if not budget.take(f"- {row}"):
                     cut = True
                     break
-                block.append(f"- {row}")
-                used += len(row) + 3
-            parts.extend(block)
+                parts.append(f"- {row}")
         if cut:
             parts.append("\n(cut to fit the response budget; lower limit for a shorter list)")
         data = {
@@ -327,15 +352,14 @@ class KnowledgeBase:
         info["skipped_total"] = len(skipped)
         info["skipped_files"] = {}
         if skipped:
-            room = self.cfg.max_response_chars - sum(len(x) + 1 for x in lines) - 300  # 300: the two remarks
             lines.append(f"skipped files ({len(skipped)}):")
+            budget = Budget(self.cfg.max_response_chars, *lines)
             for p, why in skipped.items():
                 line = f"  {p}: {why}"
-                if len(line) + 1 > room:
+                if not budget.take(line):
                     break
                 lines.append(line)
                 info["skipped_files"][p] = why
-                room -= len(line) + 1
             rest = len(skipped) - len(info["skipped_files"])
             if rest:
                 lines.append(
@@ -361,7 +385,7 @@ def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int
     return start + 1, end, note
 
 
-def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict]:
+def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[str, dict]:
     """Compact, citeable text for the model, plus the same as structured content; cut to the response budget."""
     structured: dict[str, Any] = {
         "query": result.query,
@@ -392,7 +416,7 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
         head += "; also searched: " + "; ".join(f'[alternative {i}] "{a}"' for i, a in enumerate(result.alternatives, 1))
         structured["alternatives"] = result.alternatives
     parts = [head, *notes]
-    used = sum(len(p) + 1 for p in parts)
+    room = Budget(budget, *parts)
     first_hit: dict[str, int] = {}  # note -> the number of its first hit
     for i, h in enumerate(result.hits, 1):
         first_hit.setdefault(h.path, i)
@@ -404,7 +428,7 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
         of = f" · translation of [{first_hit[h.translation_of]}]" if h.translation_of in first_hit else ""
         by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
         block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}{by}\n{h.snippet}"
-        if used + len(block) > budget - 200:  # 200: the remark below
+        if not room.take(block):
             structured["truncated"] = True
             parts.append(
                 f"\n({len(result.hits) - i + 1} more hits cut to fit the response budget; lower top_k or narrow "
@@ -413,5 +437,4 @@ def format_search(result: Any, notes: list[str], budget: int) -> tuple[str, dict
             break
         parts.append(block)
         structured["hits"].append(h.as_dict())
-        used += len(block)
     return fit("\n".join(parts), budget), structured

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from kb_config import Config, KBError, add_common_args, load_cli_config, setup_logging
+from kb_config import SEARCH_MODES, Config, KBError, add_common_args, load_cli_config, setup_logging
 from kb_live import load_model
 from kb_tools import KnowledgeBase, fit, format_search, quote
 
@@ -134,7 +134,9 @@ def build_server(kb: KnowledgeBase) -> Any:
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'projects/'")] = None,
         mode: Annotated[
             str | None,
-            Field(description="hybrid (default), keyword (exact names, ids) or semantic", pattern="^(hybrid|keyword|semantic)$"),
+            Field(
+                description="hybrid (default), keyword (exact names, ids) or semantic", pattern=f"^({'|'.join(SEARCH_MODES)})$"
+            ),
         ] = None,
         tag: Annotated[str | None, Field(description="Only notes with this tag, e.g. 'health'")] = None,
         modified_within_days: Annotated[float | None, days] = None,
@@ -314,9 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser)
     parser.add_argument("--search", metavar="QUERY", help="run one search (same sync + search as the tool) and exit")
     parser.add_argument("--top-k", type=int, help="hits for --search (default: search.top_k)")
-    parser.add_argument(
-        "--mode", choices=("hybrid", "keyword", "semantic"), help="search mode for --search (default: search.mode)"
-    )
+    parser.add_argument("--mode", choices=SEARCH_MODES, help="search mode for --search (default: search.mode)")
     parser.add_argument("--path-prefix", help="only notes under this folder, for --search")
     parser.add_argument(
         "--alt",

@@ -75,6 +75,8 @@ ALLOWED = {
         "kb_state",
         "kb_text",
         "kb_write",
+        "kb_search",
+        "kb_vectors",
     },
     "ingest": {"kb_config", "kb_engine", "kb_vectors"},
     "mcp_server": {
