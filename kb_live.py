@@ -253,7 +253,7 @@ class LiveIndex:
     def _apply_events(self, engine: Engine, notes: list[str]) -> bool:
         """Apply the changes file events named (none: check only whether another process committed); True if some
         were applied."""
-        from kb_watch import expand_folders
+        from kb_watch import paths_to_check
 
         changes = self.changes.take()
         if changes is None:
@@ -261,11 +261,7 @@ class LiveIndex:
             if file_identity(engine.state_path) != self._state_seen:  # another process committed: take it in
                 self._sync(engine, [], notes, wait_s=0.0)
             return False
-        paths: list[str] | None = None
-        if not changes.full:
-            paths, whole = expand_folders(changes, self.cfg.kb_dir, engine.view.paths())
-            if whole:
-                paths = None
+        paths = paths_to_check(changes, self.cfg.kb_dir, engine.view.paths())
         if paths is None:
             logger.info("walking the vault before this search: %s", changes.reason or "the vault folder itself changed")
         else:

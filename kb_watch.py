@@ -145,11 +145,12 @@ class ChangeCollector:
             self.wake.set()
 
 
-def expand_folders(changes: Changes, kb_dir: Path, indexed: Iterable[str]) -> tuple[list[str], bool]:
-    """The paths to re-check: the changed files plus every indexed note (vault-relative) under a folder gone.
-
-    Returns (paths, whole_vault): whole_vault when the vault folder itself was among the folders gone.
-    """
+def paths_to_check(changes: Changes, kb_dir: Path, indexed: Iterable[str]) -> list[str] | None:
+    """The paths a batch of changes asks to re-check: the changed files plus every indexed note (vault-relative)
+    under a folder gone; None when the whole vault must be walked (a full-walk request, or the vault folder itself
+    among the folders gone)."""
+    if changes.full:
+        return None
     paths = set(changes.paths)
     prefixes = []
     for folder in changes.folders:
@@ -158,12 +159,12 @@ def expand_folders(changes: Changes, kb_dir: Path, indexed: Iterable[str]) -> tu
         except ValueError:
             continue
         if rel in ("", "."):
-            return sorted(paths), True
+            return None
         prefixes.append(rel + "/")
     if prefixes:
         starts = tuple(prefixes)
         paths.update(p for p in indexed if p.startswith(starts))
-    return sorted(paths), False
+    return sorted(paths)
 
 
 class _OverflowHook(logging.Handler):

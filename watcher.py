@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from kb_config import KBError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
-from kb_watch import DEFAULT_POLL_INTERVAL_S, ChangeCollector, Changes, expand_folders, start_observer, stop_observer
+from kb_watch import DEFAULT_POLL_INTERVAL_S, ChangeCollector, Changes, paths_to_check, start_observer, stop_observer
 
 logger = logging.getLogger("watcher")
 
@@ -29,12 +29,7 @@ SAVE_VIEW_EVERY_S = 60.0
 
 def apply_changes(engine: Any, changes: Changes | None, verbose: bool) -> Any:
     """Apply collected changes through the engine (None: a full sync); prints each handled file with --verbose."""
-    paths: list[str] | None = None
-    if changes is not None and not changes.full:
-        with engine.mutex:
-            paths, whole = expand_folders(changes, engine.cfg.kb_dir, list(engine.files))
-        if whole:
-            paths = None
+    paths = None if changes is None else paths_to_check(changes, engine.cfg.kb_dir, engine.view.paths())
     report = engine.sync_all() if paths is None else engine.apply_file_changes(paths)
     if report.pending_vectors and engine.model_error is None:  # a big batch (a git pull): embed it all now
         engine.embed_pending()

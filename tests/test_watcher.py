@@ -16,7 +16,7 @@ from kb_fixtures import wait_until
 import kb_watch
 import watcher
 from kb_vectors import HashEmbedder
-from kb_watch import ChangeCollector, Changes, expand_folders
+from kb_watch import ChangeCollector, Changes, paths_to_check
 
 WAIT_S = 20.0
 
@@ -70,12 +70,12 @@ def test_collector_reports_folders_gone_and_asks_full_walk_only_for_ignore_files
         assert changes is not None and changes.folders == folders and changes.full is full
 
 
-def test_expand_folders_adds_the_indexed_notes_under_a_folder_gone(tmp_path):
+def test_paths_to_check_adds_the_indexed_notes_under_a_folder_gone(tmp_path):
     changes = Changes(paths={str(tmp_path / "x.md")}, folders={str(tmp_path / "proj")})
     indexed = ["proj/a.md", "proj/sub/b.md", "project.md", "other/c.md"]
-    paths, whole = expand_folders(changes, tmp_path, indexed)
-    assert paths == sorted([str(tmp_path / "x.md"), "proj/a.md", "proj/sub/b.md"]) and not whole
-    assert expand_folders(Changes(folders={str(tmp_path)}), tmp_path, indexed)[1] is True
+    assert paths_to_check(changes, tmp_path, indexed) == sorted([str(tmp_path / "x.md"), "proj/a.md", "proj/sub/b.md"])
+    assert paths_to_check(Changes(folders={str(tmp_path)}), tmp_path, indexed) is None  # the vault itself: walk it
+    assert paths_to_check(Changes(paths={str(tmp_path / "x.md")}, full=True), tmp_path, indexed) is None
 
 
 def test_collector_put_back_merges_with_newer_changes(tmp_path):
