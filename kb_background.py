@@ -83,7 +83,7 @@ class Background:
         with self._lock:
             sample = random.Random(BACKGROUND_SEED).sample(ids, min(BACKGROUND_SAMPLE, len(ids)))
             try:
-                stored = engine.vectors.get_vectors(sample)
+                stored = engine.vectors.arrays(sample)
             except Exception as e:  # no background this time: the cosine gate stays closed, keywords still count
                 logger.warning("cannot read background vectors: %s", e)
                 return None

@@ -223,6 +223,7 @@ class Config:
     chroma_headers: tuple[tuple[str, str], ...] = ()  # from the vector_store.headers mapping
     chroma_prefix: str = "sb-"
     source: str = field(default="defaults", compare=False)  # the config file used, for messages
+    cache_dir: Path | None = field(default=None, compare=False)  # jieba's dictionary cache (user_cache_dir)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -275,6 +276,14 @@ def user_config_dir(env: Mapping[str, str] | None = None) -> Path:
     if os.name == "nt" and env.get("APPDATA"):
         return Path(env["APPDATA"]) / APP_NAME
     return Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / APP_NAME
+
+
+def user_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where jieba keeps its prefix-dictionary cache: %LOCALAPPDATA% on Windows, else $XDG_CACHE_HOME or ~/.cache."""
+    env = os.environ if env is None else env
+    if os.name == "nt" and env.get("LOCALAPPDATA"):
+        return Path(env["LOCALAPPDATA"]) / APP_NAME / "cache"
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / APP_NAME
 
 
 def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -410,6 +419,7 @@ def load_config(
         out["bm25_index_file"] = out["index_dir"] / "bm25.pkl.gz"
     out["extensions"] = tuple(e.lower() for e in out["extensions"])
     out["source"] = str(cfg_path) if cfg_path else "defaults"
+    out["cache_dir"] = user_cache_dir(env)
     return Config(**out)
 
 

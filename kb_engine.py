@@ -5,7 +5,7 @@ of vector segments); the vector segments (kb_store); the BM25 pickle (a process'
 A sync first commits what the notes say (records and chunk ids, no model needed), then embeds the chunks that have
 no vector yet, in batches, outside the lock; each batch is one new segment named by one more commit. Every process
 re-reads state.json when another one committed.
-Imports: kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
+Imports: kb_chunk, kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kb_chunk import CHUNKER_VERSION, chunk_context, chunk_note, heading_levels
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import sweep_temp_files
 from kb_links import parse_links
@@ -31,6 +32,7 @@ from kb_state import (
     ChunkRecord,
     FileLock,
     FileRecord,
+    LinkRow,
     SyncReport,
     decode_note,
     file_identity,
@@ -38,7 +40,7 @@ from kb_state import (
     write_state_file,
 )
 from kb_store import VectorStore
-from kb_text import CHUNKER_VERSION, Tokenizer, chunk_context, chunk_note, cjk_share, content_hash, heading_levels
+from kb_text import Tokenizer, cjk_share, content_hash
 from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, is_english_only, make_embedder
 from kb_view import IndexView
 
@@ -150,23 +152,14 @@ class ChunkVectors:
         cos = self._engine.store.cosines(vector, list(set(contents.values())))
         return {cid: cos[c] for cid, c in contents.items() if c in cos}
 
-    def get_vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
-        """Stored vectors by chunk id (ids without a vector are absent)."""
-        return {cid: v.tolist() for cid, v in self.arrays(ids).items()}
-
     def arrays(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """get_vectors as the store's arrays (no copy into lists)."""
+        """Stored vectors by chunk id, as the store holds them (ids without a vector are absent)."""
         out: dict[str, np.ndarray] = {}
         for cid in ids:
             v = self._engine.store.vector(content_of(cid))
             if v is not None:
                 out[cid] = v
         return out
-
-    def count(self) -> int:
-        """Chunks of the view that have a vector."""
-        with self._engine.view.mutex:
-            return sum(1 for c in self._engine.view.chunks.values() if c.content in self._engine.store)
 
 
 class Engine:
@@ -181,7 +174,7 @@ class Engine:
         self.embedder: Embedder = embedder or make_embedder(
             cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size
         )
-        self.tokenizer = tokenizer or Tokenizer()
+        self.tokenizer = tokenizer or Tokenizer(cache_dir=cfg.cache_dir)
         self.view = IndexView(self.tokenizer, cfg.metadata_weight)
         self.store = open_vector_store(cfg, self.embedder.name)
         self.vectors = ChunkVectors(self)
@@ -367,7 +360,7 @@ class Engine:
             except LockTimeoutError as e:
                 report.lock_timeout = True
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
-        report.vectors = committed
+        report.committed = committed
         self._reconcile_view(disk, full, report)
         if committed and embed_limit != 0:
             try:
@@ -611,7 +604,9 @@ class Engine:
             n = seen[content] = seen.get(content, -1) + 1  # identical chunks within one note stay distinct
             cid = f"{path_key}-{content}" + (f"-{n}" if n else "")
             chunks.append(ChunkRecord(cid, path, ch.heading_path, ch.line_start, ch.line_end, ch.text, ctx, content))
-        links = tuple((k.target, k.heading or "", k.block or "", k.label or "", k.embed, k.line) for k in parse_links(text))
+        links = tuple(
+            LinkRow(k.target, k.heading or "", k.block or "", k.label or "", k.embed, k.line) for k in parse_links(text)
+        )
         record = FileRecord(
             stat[0],
             stat[1],
@@ -813,7 +808,7 @@ class Engine:
     def _reconcile_view(self, disk: dict[str, Stat | None], full: bool, report: SyncReport) -> None:
         """Make this process's view match the notes: take records another process committed, re-chunk the rest."""
         try:
-            self._refresh_state([] if report.vectors else report.reasons)
+            self._refresh_state([] if report.committed else report.reasons)
         except KBError as e:
             report.reasons.append(str(e))
         state = self._state or {}
@@ -832,7 +827,7 @@ class Engine:
         with self.mutex:
             for path in gone:
                 view.put(path, None, ())
-                if not report.vectors:
+                if not report.committed:
                     report.removed += 1
         plans: list[tuple[_Plan, FileRecord | None]] = []
         for path, stat in todo:
@@ -852,7 +847,7 @@ class Engine:
                     continue
                 view.put(plan.path, plan.record, plan.chunks)
                 changed = True
-                if not report.vectors:
+                if not report.committed:
                     kind = "skipped" if plan.record.skipped else "changed" if mine else "added"
                     setattr(report, kind, getattr(report, kind) + 1)
         if changed or report.did_work:

@@ -2,7 +2,7 @@
 dates, validated once from the tool's arguments and then asked per note by search and list_notes.
 
 Pure: records in, booleans out (the current time is read once, when the filter is built).
-Imports: kb_config, kb_scan, kb_state, kb_text.
+Imports: kb_config, kb_frontmatter, kb_scan, kb_state.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb_config import KBError
+from kb_frontmatter import iso_date
 from kb_scan import modified_cutoff, normalize_prefix, under_prefix
 from kb_state import FileRecord
-from kb_text import iso_date
 
 # Property keys named in a bad-filter error, at most.
 KEYS_IN_ERROR = 40

@@ -67,8 +67,7 @@ def _line_reader(engine: Engine) -> Callable[[str, int], str]:
 
 
 def _hit(path: str, row: LinkRow, context: str) -> LinkHit:
-    target, heading, _block, label, embed, line = row
-    return LinkHit(path, line, context, label or "", heading or "", bool(embed))
+    return LinkHit(path, row.line, context, row.label or "", row.heading or "", bool(row.embed))
 
 
 def related_notes(engine: Engine, path: str, limit: int) -> Related:
@@ -84,10 +83,10 @@ def related_notes(engine: Engine, path: str, limit: int) -> Related:
     line = _line_reader(engine)
     out = Related(path)
     for row, target in graph.outgoing.get(path, [])[: limit * 4]:
-        hit = _hit(target or row[0], row, line(path, row[5]))
+        hit = _hit(target or row.target, row, line(path, row.line))
         (out.outgoing if target else out.unresolved).append(hit)
     for src, row in graph.backlinks.get(path, [])[: limit * 4]:
-        out.backlinks.append(_hit(src, row, line(src, row[5])))
+        out.backlinks.append(_hit(src, row, line(src, row.line)))
     out.nearest = _nearest(engine, path, chunk_ids, limit, out.notes)
     return out
 
@@ -96,7 +95,7 @@ def _nearest(engine: Engine, path: str, chunk_ids: list[str], limit: int, notes:
     if engine.model_error:
         notes.append(f"no notes nearest in meaning: semantic search is off ({engine.model_error})")
         return []
-    vectors = engine.vectors.get_vectors(chunk_ids[:NEAREST_CHUNKS_PER_NOTE])
+    vectors = engine.vectors.arrays(chunk_ids[:NEAREST_CHUNKS_PER_NOTE])
     if not vectors:
         notes.append("no notes nearest in meaning yet: this note's chunks are still being embedded")
         return []

@@ -1,5 +1,5 @@
 """Links between notes: wikilinks, Markdown links and embeds parsed from text, resolved to vault paths by Obsidian's
-and Logseq's rules, and embeds expanded for reading. Pure: strings in, records out. Imports: kb_config, kb_text.
+and Logseq's rules, and embeds expanded for reading. Pure: strings in, records out. Imports: kb_chunk, kb_config, kb_frontmatter, kb_text.
 """
 
 from __future__ import annotations
@@ -12,16 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from kb_chunk import LOGSEQ_FOLDERS, code_fence_lines, find_sections
 from kb_config import KBError
-from kb_text import (
-    LOGSEQ_FOLDERS,
-    code_fence_lines,
-    find_sections,
-    logseq_page_name,
-    note_date,
-    parse_frontmatter,
-    split_lines,
-)
+from kb_frontmatter import logseq_page_name, note_date, parse_frontmatter
+from kb_text import split_lines
 
 # Extensions a link target may carry and still name a note; `.md` is optional in every link.
 NOTE_EXTENSIONS = (".md", ".markdown")

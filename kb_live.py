@@ -376,7 +376,7 @@ class LiveIndex:
             if report is None:
                 return
             self._walked(background=True)
-            missed = report.added + report.changed + report.removed if report.vectors else 0
+            missed = report.added + report.changed + report.removed if report.committed else 0
             self.counts["changes_missed_by_events"] += missed
             self._missed_audits = self._missed_audits + 1 if missed else 0
             if missed:

@@ -2,7 +2,9 @@
 the one safe way to read a note's bytes.
 
 `resolve_inside` is the one boundary every read and write of a user-named note passes; `read_note_bytes` never
-blocks on a FIFO or reads past a size limit. Imports: kb_config.
+blocks on a FIFO or reads past a size limit. Over 500 lines for a reason: discovery and the resolver must agree on
+every rule (ignore files, hidden folders, symlinks, Unicode forms of a name), so the rules live in one module.
+Imports: kb_config.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 gated for relevance against the vault's own background (kb_background), a found note followed by its translation.
 
 The one search implementation: the MCP tool, `--search`, eval/run_eval.py and eval/bench.py all call Searcher.search.
+Over 500 lines for a reason: the stages of one search (see Searcher) read in order in one file; apart, each stage
+would hand the next a dozen values.
 Imports: kb_background, kb_config, kb_engine, kb_filter, kb_links, kb_state, kb_text, kb_vectors, kb_view.
 """
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kb_config import LockTimeoutError
 from kb_files import atomic_write_text
@@ -30,6 +30,17 @@ NOTE_ENCODINGS = {
     "utf-16-be": ("utf-16-be", b"\xfe\xff"),
     "gb18030": ("gb18030", b""),
 }
+
+
+class LinkRow(NamedTuple):
+    """One outgoing link as stored (kb_links.Link without its kind); "" where absent. A tuple in state.json."""
+
+    target: str
+    heading: str
+    block: str
+    label: str
+    embed: bool
+    line: int
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,6 @@ class FileRecord:
         return replace(self, mtime_ns=stat[0], size=stat[1], ctime_ns=stat[2], inode=stat[3])
 
 
-# One outgoing link as stored: (target, heading, block, label, embed, line); "" where absent (kb_links.Link).
-LinkRow = tuple[str, str, str, str, bool, int]
-
-
 @dataclass(frozen=True, slots=True)
 class ChunkRecord:
     """A chunk as search shows it: where it lives, its heading path and text."""
@@ -96,7 +103,7 @@ class SyncReport:
     elapsed_ms: float = 0.0
     reasons: list[str] = field(default_factory=list)
     details: list[tuple[str, str]] = field(default_factory=list)  # (path, what happened)
-    vectors: bool = True  # False when nothing was committed (model unavailable, or lock busy): keyword view only
+    committed: bool = True  # False when nothing was committed (model unavailable, or lock busy): keyword view only
     lock_timeout: bool = False  # the index lock stayed busy: nothing was committed
     pending_vectors: int = 0  # committed chunks still without a vector (embedding in the background)
 
@@ -111,7 +118,7 @@ class SyncReport:
             f"chunks: {self.chunks_embedded} embedded, {self.chunks_reused} reused, {self.chunks_deleted} deleted; "
             f"{self.elapsed_ms / 1000:.2f} s"
             + (" (not committed: the index lock was busy)" if self.lock_timeout else "")
-            + ("" if self.vectors or self.lock_timeout else " (keyword index only: model unavailable)")
+            + ("" if self.committed or self.lock_timeout else " (keyword index only: model unavailable)")
             + (f"; {self.pending_vectors} chunks still to embed" if self.pending_vectors else "")
         )
 
@@ -290,7 +297,7 @@ def _record(r: dict[str, Any]) -> FileRecord:
             "tags": tuple(r["tags"]),
             "aliases": tuple(r["aliases"]),
             "properties": {k: tuple(v) for k, v in r.get("properties", {}).items()},
-            "links": tuple(tuple(x) for x in r.get("links", ())),
+            "links": tuple(LinkRow(*x) for x in r.get("links", ())),
             "headings": tuple(r.get("headings", ())),
         }
     )

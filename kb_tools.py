@@ -2,8 +2,7 @@
 returning the text the model reads and the same as structured content, within the response budget.
 
 The transport (mcp_server: stdio or HTTP) only declares the tools and dispatches to KnowledgeBase.
-Imports: kb_config, kb_live; lazily: kb_filter, kb_graph, kb_links, kb_scan, kb_search, kb_state, kb_text, kb_vectors,
-kb_write.
+Imports: kb_config, kb_live; lazily: kb_chunk, kb_filter, kb_graph, kb_links, kb_scan, kb_search, kb_state, kb_text, kb_vectors, kb_write.
 """
 
 from __future__ import annotations
@@ -371,7 +370,7 @@ class KnowledgeBase:
 
 def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int, str]:
     """1-based first and last line of the section under `heading`, and a note when the heading repeats."""
-    from kb_text import find_sections, list_headings
+    from kb_chunk import find_sections, list_headings
 
     found = find_sections(lines, heading)
     if not found:

@@ -12,7 +12,7 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def build_link_graph(files: dict[str, FileRecord], resolver: LinkResolver | None
         if rec.skipped:
             continue
         for row in rec.links:
-            target = resolver.resolve(row[0], path).path if row[0] else path
+            target = resolver.resolve(row.target, path).path if row.target else path
             outgoing.setdefault(path, []).append((row, target))
             if target is None:
                 unresolved.setdefault(path, []).append(row)
@@ -108,9 +108,9 @@ class AnchorText:
             given: dict[str, list[str]] = {}
             keys: set[str] = set()
             for row in rec.links:
-                target = resolver.resolve(row[0], src, keys).path if row[0] else None
+                target = resolver.resolve(row.target, src, keys).path if row.target else None
                 if target is not None and target != src:
-                    given.setdefault(target, []).append((row[3] or posixpath.basename(row[0])).strip())
+                    given.setdefault(target, []).append((row.label or posixpath.basename(row.target)).strip())
             for target, texts in given.items():
                 self._in.setdefault(target, {})[src] = tuple(texts)
             affected.update(given)
@@ -156,6 +156,14 @@ class AnchorText:
                     counts.setdefault(key, [0, text])[0] += 1
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], kv[0]))
         return tuple(text for _, (_, text) in ranked[:MAX_ANCHORS])
+
+
+def _with_link_rows(files: dict[str, FileRecord]) -> dict[str, FileRecord]:
+    """Records from a BM25 pickle written before links were LinkRow records (plain tuples), given LinkRows."""
+    return {
+        p: replace(r, links=tuple(LinkRow(*x) for x in r.links)) if r.links and not isinstance(r.links[0], LinkRow) else r
+        for p, r in files.items()
+    }
 
 
 def _fold(text: str) -> str:
@@ -345,7 +353,7 @@ class IndexView:
             logger.info("the BM25 index was built with other parameters; rebuilding it from the notes")
             return False
         with self.mutex:
-            self.bm25, self.files, self.chunks = index, meta["files"], meta["chunks"]
+            self.bm25, self.files, self.chunks = index, _with_link_rows(meta["files"]), meta["chunks"]
             self.content_ids = {}
             for cid, c in self.chunks.items():
                 self.content_ids.setdefault(c.content, set()).add(cid)

@@ -4,7 +4,7 @@ Every path goes through kb_scan.resolve_inside and the write.writable / write.cr
 too). Text added at the end of a note is written in place with O_APPEND, so lines another program appends at the
 same moment are never lost; an insert inside a note replaces it atomically (kb_files) after checking it is unchanged.
 Keeps the note's encoding and line endings; a retried identical append is applied once.
-Imports: kb_config, kb_files, kb_scan, kb_state, kb_text.
+Imports: kb_chunk, kb_config, kb_files, kb_scan, kb_state, kb_text.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from kb_chunk import find_sections, list_headings
 from kb_config import Config, PathOutsideVaultError, WriteRefusedError
 from kb_files import atomic_write_bytes, atomic_write_text
 from kb_scan import path_allowed, read_note_bytes, resolve_inside
 from kb_state import NOTE_ENCODINGS, FileLock, decode_note
-from kb_text import find_sections, list_headings, split_lines
+from kb_text import split_lines
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +287,16 @@ def _append_once(
     flat = "\n".join(split_lines(body))
     if any(e.get("key") == key for e in journal) and text in flat:
         line = flat[: flat.rfind(text)].count("\n") + 1
-        return AppendResult(norm, line, line + text.count("\n"), wanted[1] if wanted else None, False, False, True, 0)
+        return AppendResult(
+            norm,
+            line,
+            line + text.count("\n"),
+            wanted[1] if wanted else None,
+            created_note=False,
+            created_heading=False,
+            duplicate=True,
+            chars=0,
+        )
     placed = _place(body, text, wanted, create_heading, norm)
     codec, bom = NOTE_ENCODINGS[encoding]
     if snap is None:
@@ -296,7 +306,16 @@ def _append_once(
     else:
         _replace(real, snap, bom + placed.body.encode(codec), cfg.max_file_bytes)
     line_end = placed.line_start + text.count("\n") + (2 if placed.created_heading else 0)
-    return AppendResult(norm, placed.line_start, line_end, placed.heading, snap is None, placed.created_heading, False, len(text))
+    return AppendResult(
+        norm,
+        placed.line_start,
+        line_end,
+        placed.heading,
+        created_note=snap is None,
+        created_heading=placed.created_heading,
+        duplicate=False,
+        chars=len(text),
+    )
 
 
 def _place(body: str, text: str, wanted: tuple[int, str] | None, create_heading: bool, norm: str) -> _Placement:

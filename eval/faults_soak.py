@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 from faults_common import PYTHON, REPO_ROOT, START_TIMEOUT_S, Server, latency_figures, run_cli, tail, write_config
 from faults_report import PartResult, Run
-from faults_storm import INBOX, INBOX_START, Storm, check_hits, editor_log, file_checks, stop_watcher
+from faults_storm import INBOX, INBOX_START, Storm, check_hits, file_checks, read_editor_log, stop_watcher
 from synthetic_vault import write_synthetic_vault
 
 # Background notes in the soak vault.
@@ -122,7 +122,7 @@ async def _soak(run: Run, res: PartResult, base: Path, vault: Path, config: Path
             res.fail("editor", "finishes at the soak's end", "still running 60 s later; killed")
             procs.kill(editor.pid)
         await anyio.sleep(3.0)  # the watcher's debounce and the servers' event syncs
-        events = editor_log(log)
+        events = read_editor_log(log)
         done = next((e for e in events if e.get("op") == "done"), {})
         live = sorted((t, p) for p, t in done.get("notes", {}).items())
         picked = dict(run.rng.sample(live, min(FOUND_SAMPLE, len(live))))

@@ -130,7 +130,7 @@ class Storm:
             self.ingest.append((rc, secs))
 
 
-def editor_log(path: Path) -> list[dict[str, Any]]:
+def read_editor_log(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -229,7 +229,7 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         )
         if rc != 0:
             res.fail("settle: ingest.py", "exit 0", f"exit {rc}: {tail(base / 'ingest.log')}")
-        events = editor_log(editor_log)
+        events = read_editor_log(editor_log)
         done = next((e for e in events if e.get("op") == "done"), {})
         live = dict(done.get("notes", {}))  # path -> token
         gone_tokens = {e["token"]: e["path"] for e in events if e.get("op") == "delete"}

@@ -23,7 +23,9 @@ ALLOWED = {
     "kb_files": set(),
     "kb_scan": {"kb_config"},
     "kb_text": {"kb_config"},
-    "kb_links": {"kb_config", "kb_text"},
+    "kb_frontmatter": {"kb_config"},
+    "kb_chunk": {"kb_config", "kb_text", "kb_frontmatter"},
+    "kb_links": {"kb_config", "kb_text", "kb_chunk", "kb_frontmatter"},
     "kb_state": {"kb_config", "kb_files"},
     "kb_vectors": {"kb_config", "kb_minilm"},
     "kb_minilm": {"kb_config"},
@@ -44,9 +46,10 @@ ALLOWED = {
         "kb_chroma",
         "kb_view",
         "kb_links",
+        "kb_chunk",
     },
     "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
-    "kb_filter": {"kb_config", "kb_scan", "kb_state", "kb_text"},
+    "kb_filter": {"kb_config", "kb_scan", "kb_state", "kb_frontmatter"},
     "kb_background": {"kb_engine", "kb_vectors"},
     "kb_search": {
         "kb_config",
@@ -62,7 +65,7 @@ ALLOWED = {
         "kb_filter",
         "kb_view",
     },
-    "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_state"},
+    "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_chunk", "kb_state"},
     "kb_live": {"kb_config", "kb_scan", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
     # The tools' logic: everything below the entry scripts, never the transport.
     "kb_tools": {
@@ -74,6 +77,7 @@ ALLOWED = {
         "kb_scan",
         "kb_state",
         "kb_text",
+        "kb_chunk",
         "kb_write",
         "kb_search",
         "kb_vectors",
@@ -126,6 +130,8 @@ SERVER_SIDE = [
     "kb_live",
     "kb_filter",
     "kb_tools",
+    "kb_chunk",
+    "kb_frontmatter",
 ]
 
 

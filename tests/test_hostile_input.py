@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 from kb_fixtures import BOUNDED_S, make_config, run_bounded
 
+from kb_chunk import chunk_note, find_sections
 from kb_config import Config, KBError, PathOutsideVaultError, WriteRefusedError
 from kb_files import TEMP_PREFIX, TEMP_SUFFIX
+from kb_frontmatter import parse_frontmatter
 from kb_scan import note_rel_path, read_note_bytes, resolve_inside, scan_vault
 from kb_state import decode_note
-from kb_text import MAX_TOKEN_CHARS, chunk_note, content_hash, find_sections, parse_frontmatter, split_lines
+from kb_text import MAX_TOKEN_CHARS, content_hash, split_lines
 from kb_write import MAX_APPEND_ATTEMPTS, append_to_note
 
 # A YAML "billion laughs" (the probe's, one level deeper): about 300 bytes, 9^7 tags once aliases are followed.
@@ -166,7 +168,7 @@ def test_tokenize_is_not_slowed_by_a_20k_token_appended_to_a_note() -> None:
 
 def test_chunk_note_is_linear_on_long_space_backtick_and_fence_runs() -> None:
     chunk_counts = run_bounded(
-        "import json; from kb_text import chunk_note\n"
+        "import json; from kb_chunk import chunk_note\n"
         "notes = ['# x' + ' ' * 100_000 + 'y', '`' * 100_000, '```a\\n' * 20_000, '~~~~x\\n' * 16_000,\n"
         "         '# ' + ' \\t' * 50_000 + '#' * 50_000 + 'y']\n"
         "print(json.dumps([len(chunk_note(n, 'f', 200).chunks) for n in notes]))"
@@ -226,7 +228,7 @@ def test_resolve_inside_rejects_a_fifo_as_not_a_regular_file(vault: Path) -> Non
 
 def test_chunk_note_treats_a_yaml_alias_bomb_as_broken_frontmatter() -> None:
     error, tags, aliases, body = run_bounded(
-        "import json; from kb_text import chunk_note\n"
+        "import json; from kb_chunk import chunk_note\n"
         f"note = chunk_note({ALIAS_BOMB!r}, 'f', 200)\n"
         "print(json.dumps([note.frontmatter_error, note.tags, note.aliases, ' '.join(c.text for c in note.chunks)]))"
     )

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from kb_fixtures import run_bounded
 
+from kb_chunk import chunk_note
 from kb_config import KBError
 from kb_links import LinkResolver, Resolution, expand_embeds, journal_titles, parse_links
-from kb_text import chunk_note
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"

@@ -11,17 +11,9 @@ from pathlib import Path
 import pytest
 from kb_fixtures import run_bounded
 
-from kb_text import (
-    HEADING_SEP,
-    chunk_note,
-    estimate_tokens,
-    frontmatter_properties,
-    is_outline,
-    iso_date,
-    logseq_page_name,
-    note_date,
-    parse_property_line,
-)
+from kb_chunk import HEADING_SEP, chunk_note
+from kb_frontmatter import frontmatter_properties, iso_date, logseq_page_name, note_date, parse_property_line
+from kb_text import estimate_tokens
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOGSEQ_SAMPLE = REPO_ROOT / "examples" / "logseq_sample"
@@ -102,7 +94,7 @@ def test_chunk_note_skips_properties_of_a_yaml_alias_bomb_in_bounded_time() -> N
         f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(6)
     )
     props, error = run_bounded(
-        "import json; from kb_text import chunk_note\n"
+        "import json; from kb_chunk import chunk_note\n"
         f"note = chunk_note({bomb + 'tags: *g' + chr(10) + '---' + chr(10) + 'body' + chr(10)!r}, 'f', 200)\n"
         "print(json.dumps([note.properties, note.frontmatter_error]))"
     )
@@ -321,16 +313,18 @@ def test_chunk_note_does_date_the_journals_and_dated_pages_of_the_sample() -> No
         ("other/pages.md", "# x\n", True, False),
     ],
 )
-def test_is_outline_does_detect_outlines_by_folder_or_text(rel_path: str, text: str, logseq_graph: bool, expected: bool) -> None:
-    assert is_outline(rel_path, text, logseq_graph) is expected
+def test_chunk_note_detects_outlines_by_folder_or_text(rel_path: str, text: str, logseq_graph: bool, expected: bool) -> None:
+    assert chunk_note(text, "t", 200, rel_path=rel_path, logseq_graph=logseq_graph).outline is expected
     assert chunk_note(text, "f", 200, rel_path=rel_path, logseq_graph=logseq_graph).outline is expected
 
 
-def test_is_outline_skips_every_note_of_the_markdown_sample_vault() -> None:
+def test_chunk_note_finds_no_outline_in_the_markdown_sample_vault() -> None:
     """The golden sets run over sample_kb: its heading-aware chunks must not change."""
     notes = [p for p in SAMPLE_KB.rglob("*.md") if ".trash" not in p.parts]
 
-    outlines = [p.name for p in notes if is_outline(p.relative_to(SAMPLE_KB).as_posix(), p.read_text("utf-8"))]
+    outlines = [
+        p.name for p in notes if chunk_note(p.read_text("utf-8"), "t", 200, rel_path=p.relative_to(SAMPLE_KB).as_posix()).outline
+    ]
 
     assert len(notes) > 25 and outlines == []
 
@@ -500,7 +494,7 @@ def test_chunk_note_does_keep_markdown_notes_chunked_by_headings() -> None:
 
 def test_chunk_note_is_linear_on_hostile_outlines() -> None:
     counts = run_bounded(
-        "import json; from kb_text import chunk_note\n"
+        "import json; from kb_chunk import chunk_note\n"
         "n = 200_000\n"
         "deep = ''.join('\\t' * i + '- x\\n' for i in range(600))\n"
         "notes = [deep, '- a\\n' + '  k:: v\\n' * (n // 8), '- a\\n' + ''.join(f'  k{i}:: v\\n' for i in range(n // 10)),\n"

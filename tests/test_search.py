@@ -243,8 +243,8 @@ def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_eng
     engine.sync_all()
     searcher = Searcher(engine)
     calls: list[int] = []
-    real = engine.vectors.get_vectors
-    monkeypatch.setattr(engine.vectors, "get_vectors", lambda ids: calls.append(len(ids)) or real(ids))
+    real = engine.vectors.arrays
+    monkeypatch.setattr(engine.vectors, "arrays", lambda ids: calls.append(len(ids)) or real(ids))
     searcher.warm_up()
     assert calls == [40]  # the whole 40-chunk vault is the sample
     searcher.search("what about topic7", mode="semantic")

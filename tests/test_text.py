@@ -5,24 +5,17 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 import kb_text
-from kb_text import HEADING_SEP, Tokenizer, chunk_note, cjk_share, estimate_tokens, parse_frontmatter, vault_terms
+from kb_chunk import HEADING_SEP, chunk_note
+from kb_frontmatter import parse_frontmatter
+from kb_text import Tokenizer, cjk_share, estimate_tokens, vault_terms
 
 # A Chinese paragraph of 30 sentences on one line, ending in each of 。！？； in turn (~660 tokens).
 ZH_SENTENCES = [f"第{i}句话讲的是仓库库存同步方案的细节和问题{'。！？；'[i % 4]}" for i in range(30)]
 ZH_PARAGRAPH = "".join(ZH_SENTENCES)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _jieba_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep jieba's dictionary cache in a tmp folder instead of ~/.cache."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def test_backlinks_follow_edits_renames_and_deletions(tmp_path, make_engine):
 
     graph = engine.view.link_graph()
     assert sorted(src for src, _ in graph.backlinks["notes/B.md"]) == ["a.md", "a.md", "c.md"]
-    assert [(row[1], row[3]) for row, _ in graph.outgoing["a.md"]] == [("", ""), ("Plan", "the plan")]
+    assert [(row.heading, row.label) for row, _ in graph.outgoing["a.md"]] == [("", ""), ("Plan", "the plan")]
 
     write_note(vault, "a.md", "# A\n\nNo links now.\n")  # an edit re-derives only a.md's links
     engine.sync_all()
@@ -42,7 +42,7 @@ def test_backlinks_follow_edits_renames_and_deletions(tmp_path, make_engine):
     engine.sync_all()
     graph = engine.view.link_graph()
     assert "notes/B.md" not in graph.backlinks and "notes/B2.md" not in graph.backlinks
-    assert [row[0] for row in graph.unresolved["c.md"]] == ["notes/B.md"]  # reported, not dangling
+    assert [row.target for row in graph.unresolved["c.md"]] == ["notes/B.md"]  # reported, not dangling
 
     (vault / "c.md").unlink()
     engine.sync_all()
@@ -117,3 +117,24 @@ def test_logseq_graph_is_chunked_at_blocks_and_its_own_folder_is_skipped(logseq_
     graph = engine.view.link_graph()
     assert "journals/2026_03_02.md" in {s for s, _ in graph.backlinks["pages/Kestrel Project.md"]}
     assert "pages/张伟.md" in {s for s, _ in graph.backlinks["pages/Kestrel Project.md"]}  # [[红隼项目]] is an alias
+
+
+def test_a_view_saved_with_plain_tuple_links_loads_with_link_rows(tmp_path, make_engine):
+    """BM25 pickles written before links were LinkRow records hold plain tuples: the view still reads them by name."""
+    from dataclasses import replace
+
+    from kb_state import LinkRow
+
+    vault = tmp_path / "v"
+    write_note(vault, "a.md", "# A\n\nSee [[B|bee]].\n")
+    write_note(vault, "B.md", "# B\n")
+    engine = make_engine(vault)
+    engine.sync_all()
+    view = engine.view
+    view.files["a.md"] = replace(view.files["a.md"], links=tuple(tuple(r) for r in view.files["a.md"].links))
+    engine.save_view()
+    fresh = make_engine(vault)
+    fresh.sync_all()
+    links = fresh.view.record("a.md").links
+    assert links and all(isinstance(r, LinkRow) for r in links) and links[0].label == "bee"
+    assert [src for src, _ in fresh.view.link_graph().backlinks["B.md"]] == ["a.md"]
