@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import queue
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +25,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from synthetic_vault import SEED, write_synthetic_vault  # noqa: E402
+import anyio  # noqa: E402
+from harness import (  # noqa: E402
+    QUERIES,
+    Metric,
+    launch,
+    median,
+    peak_memory_mb,
+    percentile,
+    prepare_vault,
+    say,
+    write_config,
+)
+from synthetic_vault import SEED  # noqa: E402
 
 from kb_config import KBError, load_config, setup_logging  # noqa: E402
 
@@ -57,93 +64,6 @@ SEARCH_MODES = ("hybrid", "keyword", "semantic")
 SEARCH_TOOL = "search_my_knowledge_base"
 # The server's first search after a cold start: a word most vaults (and the synthetic one) contain.
 FIRST_QUERY = "backup"
-
-# Generic queries any vault may or may not answer: latency is measured on hits and abstentions alike.
-QUERIES = (
-    "how to list files",
-    "backup",
-    "git undo last commit",
-    "check disk usage",
-    "find large files",
-    "network connection failed",
-    "ssh permission denied publickey",
-    "install a python package",
-    "docker container logs",
-    "compress a folder",
-    "schedule a cron job",
-    "meeting notes",
-    "project plan",
-    "kill the process using a port",
-    "change file permissions",
-    "search text in files",
-    "python virtual environment",
-    "reading list",
-    "网络连接失败怎么办",
-    "压缩文件",
-    "如何查看磁盘空间",
-    "备份数据库",
-    "撤销上一次提交",
-    "会议记录",
-    "学习计划",
-    "查找文件",
-    "修改文件权限",
-    "服务器配置",
-    "git 撤销 commit",
-    "docker 容器日志",
-    "python 虚拟环境",
-    "定时任务 cron",
-)
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One reported number; `embedder` labels what produced it (fake-embedder numbers say so)."""
-
-    key: str
-    value: float | int | bool | str | None
-    unit: str
-    embedder: str
-    note: str = ""
-
-
-def _say(msg: str) -> None:
-    """Progress on stderr (stdout carries only the table or the JSON)."""
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def _p95(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def prepare_vault(out_dir: Path, kb_dir: Path | None, synthetic: int | None) -> tuple[Path, str]:
-    """The vault to benchmark, always under out_dir: a copy of kb_dir (never written to) or a generated one."""
-    dest = out_dir / "vault"
-    if kb_dir is not None:
-        src = kb_dir.expanduser().resolve()
-        if not src.is_dir():
-            raise KBError(f"--kb-dir {src} is not a folder; pass your notes folder")
-        if out_dir == src or src in out_dir.parents:
-            raise KBError(
-                f"--out-dir {out_dir} is inside the vault {src}; pick an out dir outside it (the vault is never written)"
-            )
-        if src == dest or dest in src.parents:
-            raise KBError(
-                f"--kb-dir {src} lies in {dest}, which the benchmark replaces; copy it elsewhere or pick another --out-dir"
-            )
-    if dest.exists():
-        shutil.rmtree(dest)
-    if kb_dir is not None:
-        shutil.copytree(src, dest, symlinks=True)
-        return dest, f"copy of {src}"
-    dest.mkdir(parents=True)
-    write_synthetic_vault(dest, synthetic or 0)
-    return dest, f"synthetic, {synthetic} notes, seed {SEED}"
-
 
 # ---- in-process phases ------------------------------------------------------------------------------------------
 
@@ -201,10 +121,11 @@ def bench_ingest(vault: Path, out_dir: Path, embedder: RecordingEmbedder, runs: 
         res["save_view_s"].append(time.perf_counter() - t0)
         raw_s, res["raw_note"] = time_raw_embed(embedder.inner, embedder.calls)
         res["raw_s"].append(raw_s)
-        _say(
+        say(
+            "bench",
             f"ingest {i + 1}/{runs}: {res['ingest_s'][-1]:.2f} s, {len(engine.files)} notes, {len(engine.chunks)} chunks, "
             f"{res['report'].chunks_embedded} embedded ({embedder.seconds:.2f} s inside the embedder); "
-            f"bare embedder on the same texts {raw_s:.2f} s"
+            f"bare embedder on the same texts {raw_s:.2f} s",
         )
     sizes = [len(c) for c in embedder.calls]
     res["call_sizes"] = f"{min(sizes)}-{max(sizes)}" if sizes else "-"
@@ -295,117 +216,20 @@ def bench_search(searcher: Any) -> dict[str, dict[str, Any]]:
                 times.append(time.perf_counter() - t0)
                 abstained += result.abstained
         out[mode] = {"times": times, "abstain_share": abstained / len(times)}
-        _say(f"search {mode}: p50 {statistics.median(times) * 1000:.1f} ms over {len(times)} searches")
+        say("bench", f"search {mode}: p50 {statistics.median(times) * 1000:.1f} ms over {len(times)} searches")
     return out
 
 
 # ---- the server subprocess --------------------------------------------------------------------------------------
 
 
-class ServerProcess:
-    """`mcp_server.py --config FILE` under a raw subprocess, spoken to with newline-delimited JSON-RPC."""
-
-    def __init__(self, config_file: Path, log_file: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}  # only the bench's config counts
-        self._log = log_file.open("ab")
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "mcp_server.py"), "--config", str(config_file)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=REPO_ROOT,
-            env=env,
-        )
-        self._lines: queue.Queue[bytes] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self._next_id = 0
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(b"")
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
-        self.proc.stdin.flush()
-
-    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Send a request and wait for the reply with its id (notifications in between are skipped)."""
-        self._next_id += 1
-        rid = self._next_id
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        deadline = time.monotonic() + SERVER_REPLY_TIMEOUT_S
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise KBError(
-                    f"the server sent no reply to {method} within {SERVER_REPLY_TIMEOUT_S:.0f} s; see {self._log.name}"
-                ) from None
-            if not line:
-                raise KBError(f"the server exited (code {self.proc.poll()}) before replying to {method}; see {self._log.name}")
-            msg = json.loads(line)
-            if msg.get("id") == rid:
-                if "error" in msg:
-                    raise KBError(f"the server answered {method} with an error: {msg['error']}")
-                return msg["result"]
-
-    def search(self, query: str, mode: str | None = None) -> dict[str, Any]:
-        args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
-        result = self.request("tools/call", {"name": SEARCH_TOOL, "arguments": args})
-        if result.get("isError"):
-            raise KBError(f"the server's search failed: {result.get('content')}")
-        return result
-
-    def peak_memory(self) -> tuple[float | None, str]:
-        """Peak resident memory (MB) while the process runs: /proc VmHWM, else psutil's current RSS."""
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text(encoding="utf-8").splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024, "VmHWM from /proc"
-        except OSError:
-            pass
-        try:
-            import psutil
-        except ImportError:
-            return None, ""
-        return psutil.Process(self.proc.pid).memory_info().rss / 2**20, "RSS from psutil (current, not peak)"
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()  # end of input: the server shuts down
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
-def _protocol_version() -> str:
-    try:
-        from mcp_types import LATEST_PROTOCOL_VERSION
-    except ImportError:
-        return "2025-06-18"
-    return str(LATEST_PROTOCOL_VERSION)
-
-
 def bench_server(cfg: Any, out_dir: Path, search_starts: int) -> dict[str, Any]:
-    """Cold starts: launch -> initialize reply on each; on the last `search_starts`, launch -> first search reply too.
-
-    The last start also runs a few more searches and reads the server's peak memory.
+    """Cold starts through the SDK's stdio client: launch -> initialize reply on each; on the last `search_starts`,
+    launch -> first search reply too. The last start also runs a few more searches and reads the server's peak memory.
     """
-    config_file = out_dir / "server.yaml"
-    config_file.write_text(
-        f"kb_dir: {json.dumps(str(cfg.kb_dir))}\ndata_dir: {json.dumps(str(cfg.data_dir))}\nserver:\n  log_level: INFO\n",
-        encoding="utf-8",
-    )
+    config_file = write_config(out_dir / "server.yaml", cfg.kb_dir, cfg.data_dir, server={"log_level": "INFO"})
     log_file = out_dir / "server.log"
     log_file.unlink(missing_ok=True)
-    init = {"protocolVersion": _protocol_version(), "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
     res: dict[str, Any] = {
         "init": [],
         "first_from_launch": [],
@@ -416,33 +240,42 @@ def bench_server(cfg: Any, out_dir: Path, search_starts: int) -> dict[str, Any]:
         "memory_source": "",
     }
     starts = max(INITIALIZE_STARTS, search_starts)
+
+    async def search(client: Any, query: str, mode: str | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
+        with anyio.fail_after(SERVER_REPLY_TIMEOUT_S):
+            result = await client.call_tool(SEARCH_TOOL, args)
+        if result.is_error:
+            raise KBError(f"the server's search failed: {result.content[0].text}")
+        return result.structured_content or {}
+
+    async def one_start(i: int) -> None:
+        with log_file.open("a", encoding="utf-8") as err:
+            async with launch(config_file, err, pidfile=out_dir / "server.pid", read_timeout_s=SERVER_REPLY_TIMEOUT_S) as s:
+                res["init"].append(s.initialize_s)
+                if i < starts - search_starts:
+                    say("bench", f"server start {i + 1}/{starts}: initialize {s.initialize_s:.2f} s")
+                    return
+                t_call = time.perf_counter()
+                data = await search(s.client, FIRST_QUERY)
+                t_done = time.perf_counter()
+                res["first_from_launch"].append(t_done - s.started)
+                res["first_call"].append(t_done - t_call)
+                res["first_hits"].append(len(data.get("hits", [])))
+                res["still_indexing"] += any("still running" in n for n in data.get("notes", []))
+                say(
+                    "bench",
+                    f"server start {i + 1}/{starts}: initialize {s.initialize_s:.2f} s, first search "
+                    f"{res['first_from_launch'][-1]:.2f} s after launch ({res['first_call'][-1]:.2f} s for the call)",
+                )
+                if i == starts - 1:
+                    for j in range(SERVER_EXTRA_SEARCHES):
+                        await search(s.client, QUERIES[(j * 5 + 1) % len(QUERIES)], SEARCH_MODES[j % len(SEARCH_MODES)])
+                    if s.pid is not None:
+                        res["memory_mb"], res["memory_source"] = peak_memory_mb(s.pid)
+
     for i in range(starts):
-        server = ServerProcess(config_file, log_file)
-        try:
-            server.request("initialize", init)
-            res["init"].append(time.perf_counter() - server.started)
-            if i < starts - search_starts:
-                _say(f"server start {i + 1}/{starts}: initialize {res['init'][-1]:.2f} s")
-                continue
-            server.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            t_call = time.perf_counter()
-            result = server.search(FIRST_QUERY)
-            t_done = time.perf_counter()
-            res["first_from_launch"].append(t_done - server.started)
-            res["first_call"].append(t_done - t_call)
-            data = result.get("structuredContent") or {}
-            res["first_hits"].append(len(data.get("hits", [])))
-            res["still_indexing"] += any("still running" in n for n in data.get("notes", []))
-            _say(
-                f"server start {i + 1}/{starts}: initialize {res['init'][-1]:.2f} s, first search "
-                f"{res['first_from_launch'][-1]:.2f} s after launch ({res['first_call'][-1]:.2f} s for the call)"
-            )
-            if i == starts - 1:
-                for j in range(SERVER_EXTRA_SEARCHES):
-                    server.search(QUERIES[(j * 5 + 1) % len(QUERIES)], SEARCH_MODES[j % len(SEARCH_MODES)])
-                res["memory_mb"], res["memory_source"] = server.peak_memory()
-        finally:
-            server.close()
+        anyio.run(one_start, i)
     if res["memory_mb"] is None:
         import resource
 
@@ -484,7 +317,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     ingest_runs = args.repeat or DEFAULT_INGEST_RUNS
     search_starts = args.repeat or DEFAULT_FIRST_SEARCH_STARTS
     vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
-    _say(f"vault: {vault} ({source})")
+    say("bench", f"vault: {vault} ({source})")
     base_cfg = _config(vault, out_dir / "data")
     metrics: list[Metric] = []
     model_load_s = None
@@ -528,7 +361,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     in_run = [t / e - 1 for t, e in zip(ing["ingest_s"], ing["embed_in_pipeline_s"]) if e]
     add(
         "pipeline_overhead_in_run",
-        _median(in_run),
+        median(in_run),
         "ratio",
         "ingest_s / ingest_embed_s - 1, within the same runs (steadier than pipeline_overhead on a busy machine)",
     )
@@ -541,29 +374,27 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     if model_load_s is not None:
         add("model_load_s", model_load_s, "s", "load + first encode, before the ingest timings")
 
-    _say(f"no-change sync x{NOCHANGE_SYNCS}")
+    say("bench", f"no-change sync x{NOCHANGE_SYNCS}")
     nc = bench_nochange(engine)
     add("nochange_sync_ms", statistics.median(nc["times"]) * 1000, "ms", f"median of {NOCHANGE_SYNCS} Engine.sync_all()")
-    add("nochange_sync_p95_ms", _p95(nc["times"]) * 1000, "ms")
+    add("nochange_sync_p95_ms", percentile(nc["times"], 0.95) * 1000, "ms")
     add("nochange_sync_chunks_embedded", nc["embedded"], "chunks", f"total over {NOCHANGE_SYNCS} syncs (must be 0)")
 
     searcher = Searcher(engine)
-    _say(f"edit-to-searchable on {EDIT_NOTES} notes")
+    say("bench", f"edit-to-searchable on {EDIT_NOTES} notes")
     ed = bench_edits(engine, searcher)
-    add(
-        "edit_to_searchable_ms", (_median(ed["total"]) or 0) * 1000, "ms", f"median of {ed['edited']} notes: sync + hybrid search"
-    )
-    add("edit_sync_ms", (_median(ed["sync"]) or 0) * 1000, "ms", "the sync part")
-    add("edit_search_ms", (_median(ed["search"]) or 0) * 1000, "ms", "the search part")
-    add("edit_chunks_embedded", _median(ed["embedded"]), "chunks", "median per edit")
+    add("edit_to_searchable_ms", (median(ed["total"]) or 0) * 1000, "ms", f"median of {ed['edited']} notes: sync + hybrid search")
+    add("edit_sync_ms", (median(ed["sync"]) or 0) * 1000, "ms", "the sync part")
+    add("edit_search_ms", (median(ed["search"]) or 0) * 1000, "ms", "the search part")
+    add("edit_chunks_embedded", median(ed["embedded"]), "chunks", "median per edit")
     add("edit_found", ed["found"], "notes", f"of {ed['edited']} edited notes, the word was found")
     add("edit_notes", ed["edited"], "notes")
     add("edit_max_tries", max(ed["tries"], default=0), "syncs", "sync+search rounds until found (1 = at once)")
 
-    _say(f"search latency: {len(QUERIES)} queries x {SEARCH_ROUNDS} rounds x {len(SEARCH_MODES)} modes")
+    say("bench", f"search latency: {len(QUERIES)} queries x {SEARCH_ROUNDS} rounds x {len(SEARCH_MODES)} modes")
     for mode, s in bench_search(searcher).items():
         add(f"search_{mode}_p50_ms", statistics.median(s["times"]) * 1000, "ms", f"warm, {len(s['times'])} searches")
-        add(f"search_{mode}_p95_ms", _p95(s["times"]) * 1000, "ms")
+        add(f"search_{mode}_p95_ms", percentile(s["times"], 0.95) * 1000, "ms")
         add(f"search_{mode}_abstain_share", s["abstain_share"], "share", "searches with no hit past the relevance gate")
 
     engine.save_view()  # the server should start from a current keyword view, as after ingest.py
@@ -575,7 +406,10 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     add("bench_peak_rss_mb", _self_peak_mb(), "MB", "this benchmark process (ru_maxrss)")
 
     server_label = f"{base_cfg.embed_model} (server)" + (", over fake-embedder vectors" if args.fake_embedder else "")
-    _say(f"server: {max(INITIALIZE_STARTS, search_starts)} cold starts of mcp_server.py, {search_starts} to the first search")
+    say(
+        "bench",
+        f"server: {max(INITIALIZE_STARTS, search_starts)} cold starts of mcp_server.py, {search_starts} to the first search",
+    )
     sv = bench_server(engine.cfg, out_dir, search_starts)
     add(
         "server_initialize_ms",
@@ -598,7 +432,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         "that first tools/call alone",
         by=server_label,
     )
-    add("server_first_search_hits", _median(sv["first_hits"]), "hits", f"query {FIRST_QUERY!r}", by=server_label)
+    add("server_first_search_hits", median(sv["first_hits"]), "hits", f"query {FIRST_QUERY!r}", by=server_label)
     add(
         "server_first_search_still_indexing",
         sv["still_indexing"],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -22,6 +21,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import percentile  # noqa: E402
 
 # Real text: the hello-algo book (English and Chinese) when it is next to the repository, else the sample vault.
 DEFAULT_CORPORA = (REPO_ROOT.parent / "shared" / "corpora" / "hello-algo", REPO_ROOT / "examples" / "sample_kb")
@@ -119,11 +121,6 @@ def make_chunks(corpus: Path, n: int, count_tokens: Any) -> list[str]:
     return out
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def _rss_mb() -> float | None:
     """Resident memory now (Linux /proc), in MB."""
     try:
@@ -152,7 +149,7 @@ def _time_queries(embedder: Any, queries: Sequence[str]) -> dict[str, float]:
         t0 = time.perf_counter()
         embedder.embed_query(q)
         elapsed_ms.append((time.perf_counter() - t0) * 1000)
-    return {"p50_ms": round(statistics.median(elapsed_ms), 2), "p95_ms": round(_percentile(elapsed_ms, 0.95), 2)}
+    return {"p50_ms": round(statistics.median(elapsed_ms), 2), "p95_ms": round(percentile(elapsed_ms, 0.95), 2)}
 
 
 def _load(backend: str, threads: int) -> Any:

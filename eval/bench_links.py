@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kb_state import FileRecord
+from kb_state import FileRecord, LinkRow
 from kb_view import AnchorText, make_resolver
 
 # Seed of the generated graph, so runs are comparable.
@@ -30,7 +30,14 @@ REPEATS = 30
 
 def _record(i: int, notes: int, links: int, rng: random.Random) -> FileRecord:
     rows = tuple(
-        (f"Note {rng.randrange(notes)}", "", "", f"label {rng.randrange(100)}" if rng.random() < LABELLED_SHARE else "", False, 3)
+        LinkRow(
+            f"Note {rng.randrange(notes)}",
+            "",
+            "",
+            f"label {rng.randrange(100)}" if rng.random() < LABELLED_SHARE else "",
+            False,
+            3,
+        )
         for _ in range(links)
     )
     return FileRecord(1, 1, "md5", (), f"Note {i}", links=rows)

@@ -10,19 +10,17 @@ there with ingest.py (or seeded from an index already built, --data-dir); the us
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-from bench import QUERIES, REPO_ROOT, Metric, _p95, _say, prepare_vault
+from harness import QUERIES, REPO_ROOT, Busy, Metric, child_env, launch, median, percentile, prepare_vault, say, write_config
 
 from kb_config import KBError, load_config
 from kb_vectors import HASH_MODEL_NAME
@@ -40,31 +38,10 @@ SEMANTIC_WAIT_S = 180.0
 POLL_S = 0.02
 # An edit not found this long after it was saved counts as not found.
 EDIT_TIMEOUT_S = 10.0
-# The competing process with --busy: one core spinning, killed at the end, and never alive past this.
-BUSY_MAX_S = 1800
 # The edit kinds, in the order run (each on its own uniquely worded text).
 EDIT_KINDS = ("in_place", "atomic_save", "new_folder", "rename", "delete")
 # ingest.py run to bring the vault copy's index up to date before the timings.
 INGEST_TIMEOUT_S = 7200
-
-
-def _server_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("KB_")}  # only the bench's config counts
-
-
-def write_config(out_dir: Path, vault: Path, mode: str, model: str | None = None) -> Path:
-    """The server's config file: the vault copy, an index folder in out_dir, the search mode to time (and model)."""
-    config = out_dir / "server.yaml"
-    settings: dict[str, Any] = {
-        "kb_dir": str(vault),
-        "data_dir": str(out_dir / "data"),
-        "search": {"mode": mode},
-        "server": {"log_level": "INFO"},
-    }
-    if model:
-        settings["embedding"] = {"model": model}
-    config.write_text(json.dumps(settings), encoding="utf-8")  # JSON is YAML
-    return config
 
 
 def seed_index(src_vault: Path, data_dir: Path, config: Path) -> bool:
@@ -85,46 +62,13 @@ def run_ingest(config: Path, log: Path) -> None:
         proc = subprocess.run(
             [sys.executable, str(REPO_ROOT / "ingest.py"), "--config", str(config), "-q"],
             cwd=REPO_ROOT,
-            env=_server_env(),
+            env=child_env(),
             stdout=subprocess.DEVNULL,
             stderr=err,
             timeout=INGEST_TIMEOUT_S,
         )
     if proc.returncode != 0:
         raise KBError(f"ingest.py failed (code {proc.returncode}) on the vault copy; see {log}")
-
-
-class Busy:
-    """A process spinning one core for the duration of a `with` block (and never longer than BUSY_MAX_S)."""
-
-    def __enter__(self) -> Busy:
-        code = f"import time\nend = time.monotonic() + {BUSY_MAX_S}\nwhile time.monotonic() < end:\n    pass\n"
-        self.proc = subprocess.Popen([sys.executable, "-c", code])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def launch(config: Path, errlog: Any) -> AsyncIterator[tuple[Any, float, float]]:
-    """Start the server with the SDK's stdio client; yields (session, launch time, seconds to the initialize reply)."""
-    from mcp import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=[str(REPO_ROOT / "mcp_server.py"), "--config", str(config)],
-        cwd=str(REPO_ROOT),
-        env=_server_env(),
-    )
-    t0 = time.perf_counter()
-    async with stdio_client(params, errlog=errlog) as (read, write):
-        async with ClientSession(read, write) as session:
-            with anyio.fail_after(CALL_TIMEOUT_S):
-                await session.initialize()
-            yield session, t0, time.perf_counter() - t0
 
 
 async def search(session: Any, query: str, mode: str | None = None) -> dict[str, Any]:
@@ -151,17 +95,19 @@ async def wait_semantic(session: Any, mode: str) -> bool:
 async def bench_starts(config: Path, errlog: Any, starts: int, mode: str) -> dict[str, Any]:
     res: dict[str, Any] = {"init": [], "first": [], "first_mode": [], "semantic": []}
     for i in range(starts):
-        async with launch(config, errlog) as (session, t0, init_s):
+        async with launch(config, errlog, read_timeout_s=CALL_TIMEOUT_S) as server:
+            session, t0, init_s = server.client, server.started, server.initialize_s
             res["init"].append(init_s)
             first = await search(session, FIRST_QUERY)
             res["first"].append(time.perf_counter() - t0)
             res["first_mode"].append(first["mode"])
             joined = await wait_semantic(session, mode)
             res["semantic"].append(time.perf_counter() - t0 if joined else None)
-            _say(
+            say(
+                "bench",
                 f"start {i + 1}/{starts}: initialize {init_s * 1000:.0f} ms, first answer ({first['mode']}) "
                 f"{res['first'][-1] * 1000:.0f} ms after launch, semantic results from "
-                + (f"{res['semantic'][-1]:.1f} s" if joined else "never (timed out)")
+                + (f"{res['semantic'][-1]:.1f} s" if joined else "never (timed out)"),
             )
     return res
 
@@ -222,13 +168,14 @@ async def bench_edits(session: Any, vault: Path, mode: str, tag: str) -> dict[st
                 break
             await anyio.sleep(POLL_S)
         out[kind] = (found, tries)
-        _say(f"edit {kind}: " + (f"{found * 1000:.0f} ms, search #{tries}" if found is not None else "NOT FOUND"))
+        say("bench", f"edit {kind}: " + (f"{found * 1000:.0f} ms, search #{tries}" if found is not None else "NOT FOUND"))
     return out
 
 
 async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: str) -> dict[str, Any]:
     """One warm session: search latency over SEARCHES queries, then the edits, then the server's own counters."""
-    async with launch(config, errlog) as (session, _t0, _init):
+    async with launch(config, errlog, read_timeout_s=CALL_TIMEOUT_S) as server:
+        session = server.client
         await wait_semantic(session, mode)
         for q in QUERIES[:3]:
             await search(session, q, mode)  # warm-up: jieba and the model's first calls
@@ -246,18 +193,25 @@ async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: 
 def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
     """Every MCP phase, quiet and (with --busy) beside a spinning core; returns {"env", "metrics"} like bench.py."""
     vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
-    _say(f"vault: {vault} ({source})")
+    say("bench", f"vault: {vault} ({source})")
     mode = args.mode
-    config = write_config(out_dir, vault, mode, getattr(args, "model", None))
+    config = write_config(
+        out_dir / "server.yaml",
+        vault,
+        out_dir / "data",
+        getattr(args, "model", None),
+        search={"mode": mode},
+        server={"log_level": "INFO"},
+    )
     log = out_dir / "server.log"
     log.unlink(missing_ok=True)
     if args.data_dir is not None and args.kb_dir is not None:
         seeded = seed_index(args.kb_dir.expanduser().resolve(), args.data_dir.expanduser().resolve(), config)
-        _say("index seeded from " + str(args.data_dir) if seeded else f"no index of {args.kb_dir} in {args.data_dir}")
-    _say("bringing the copy's index up to date with ingest.py")
+        say("bench", "index seeded from " + str(args.data_dir) if seeded else f"no index of {args.kb_dir} in {args.data_dir}")
+    say("bench", "bringing the copy's index up to date with ingest.py")
     t = time.perf_counter()
     run_ingest(config, log)
-    _say(f"ingest.py: {time.perf_counter() - t:.1f} s")
+    say("bench", f"ingest.py: {time.perf_counter() - t:.1f} s")
     cfg = load_config(config, env={})
     starts = args.repeat or DEFAULT_STARTS
     metrics: list[Metric] = []
@@ -266,7 +220,7 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
     with log.open("a", encoding="utf-8") as errlog:
         for suffix, competitor in conditions:
             where = "beside a process spinning one core" if competitor else "quiet"
-            _say(f"--- {where}: {starts} launches, then {SEARCHES} searches and {len(EDIT_KINDS)} edits")
+            say("bench", f"--- {where}: {starts} launches, then {SEARCHES} searches and {len(EDIT_KINDS)} edits")
             with competitor() if competitor else contextlib.nullcontext():
                 st = anyio.run(bench_starts, config, errlog, starts, mode)
                 se = anyio.run(bench_session, config, errlog, vault, mode, suffix.strip("_") or "quiet")
@@ -274,10 +228,10 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
             def add(key: str, value: Any, unit: str, note: str = "", suffix: str = suffix, where: str = where) -> None:
                 metrics.append(Metric(f"mcp_{key}{suffix}", value, unit, label, f"{note}; {where}".lstrip("; ")))
 
-            add("initialize_ms", statistics.median(st["init"]) * 1000, "ms", f"launch -> initialize reply, median of {starts}")
+            add("initialize_ms", median(st["init"]) * 1000, "ms", f"launch -> initialize reply, median of {starts}")
             add(
                 "first_answer_ms",
-                statistics.median(st["first"]) * 1000,
+                median(st["first"]) * 1000,
                 "ms",
                 f"launch -> first search reply, median of {starts}",
             )
@@ -286,12 +240,12 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
             if mode != "keyword":
                 add(
                     "semantic_joins_ms",
-                    statistics.median(joined) * 1000 if joined else None,
+                    median(joined) * 1000 if joined else None,
                     "ms",
                     f"launch -> first answer with semantic results, median of {len(joined)}",
                 )
-            add("search_p50_ms", statistics.median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
-            add("search_p95_ms", _p95(se["times"]) * 1000, "ms")
+            add("search_p50_ms", median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
+            add("search_p95_ms", percentile(se["times"], 0.95) * 1000, "ms")
             for kind, (found, tries) in se["edits"].items():
                 add(f"edit_{kind}_ms", None if found is None else found * 1000, "ms", "saved -> the reply that shows it")
                 add(f"edit_{kind}_searches", tries if found is not None else None, "searches", "1 = the very next search")

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import percentile
 
 from kb_config import KBError, load_config, setup_logging
 
@@ -57,11 +60,6 @@ def _start_chroma(path: Path) -> tuple[subprocess.Popen, int]:
             time.sleep(0.2)
     proc.kill()
     raise KBError(f"chroma run did not answer within {CHROMA_START_S} s")
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def bench_store(vault: Path, work: Path, store: str, queries: list[str], port: int | None) -> dict[str, Any]:
@@ -100,7 +98,7 @@ def bench_store(vault: Path, work: Path, store: str, queries: list[str], port: i
             searcher.search(queries[i % len(queries)], mode=mode)
             times.append((time.perf_counter() - t) * 1000)
         out[f"{mode}_ms_p50"] = round(statistics.median(times), 1)
-        out[f"{mode}_ms_p95"] = round(_pct(times, 0.95), 1)
+        out[f"{mode}_ms_p95"] = round(percentile(times, 0.95), 1)
     note = sorted(engine.files)[0]
     target = vault / note
     target.write_text(target.read_text(encoding="utf-8") + "\n\nzymurgy benchmark marker\n", encoding="utf-8")

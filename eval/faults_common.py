@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
@@ -21,17 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from harness import PYTHON, REPO_ROOT, child_env, launch, median, percentile, read_pid
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-# The interpreter that runs the CLIs (this one: the project's venv when started as .venv/bin/python).
-PYTHON = sys.executable
 # embedding.model for fast runs: kb_vectors' deterministic token-hash embedder (no model to load).
 HASH_MODEL = "hash-embedder"
-# Children never reach Hugging Face: a missing model must fail at once, not retry over the network.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 # A server's first reply waits for the SDK import and the start-up sync (the real model: its load too).
 START_TIMEOUT_S = 120.0
 # A tool call that takes longer than this counts as a hang (issue 9: "no call over 5 s").
@@ -44,32 +36,12 @@ INTERNAL_MARK = "internal error"
 JSONRPC_INTERNAL = -32603
 # The SDK client's error code for a request whose connection closed (the server died) before the reply.
 CONNECTION_CLOSED = -32000
-# Shell prelude that records the server's pid in $1, then execs the rest (so the pid is the server's own).
-PIDFILE_SH = 'echo $$ > "$1"; shift; exec "$@"'
 # Temp-file prefixes a killed writer may leave beside a note: kb_files' helper, and kb_write's older one.
 TEMP_PREFIXES = (".kb-tmp-", ".kb-append-")
 # Search modes compared between a killed-then-completed index and a fresh rebuild.
 COMPARE_MODES = ("keyword", "semantic", "hybrid")
 # Scores closer than this count as an exact tie when two indexes order hits differently.
 TIE_EPS = 1e-6
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment minus KB_* (they would override the config under test), offline, plus extra."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-    env.update(OFFLINE_ENV)
-    env.update(extra)
-    return env
-
-
-def write_config(path: Path, kb_dir: Path, data_dir: Path, model: str | None, **sections: Any) -> Path:
-    """A config.yaml (JSON is YAML) for one run; `model` None keeps the configured default model."""
-    cfg: dict[str, Any] = {"kb_dir": str(kb_dir), "data_dir": str(data_dir), **sections}
-    if model:
-        cfg.setdefault("embedding", {})["model"] = model
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cfg, ensure_ascii=False, indent=1), encoding="utf-8")
-    return path
 
 
 def load_cfg(path: Path) -> Any:
@@ -184,22 +156,13 @@ class Server:
         self.client: Any = None
 
     async def __aenter__(self) -> Server:
-        from mcp import Client
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-
-        self.pidfile.unlink(missing_ok=True)
-        params = StdioServerParameters(
-            command="/bin/sh",
-            args=["-c", PIDFILE_SH, "sh", str(self.pidfile), PYTHON, "mcp_server.py", "--config", str(self.config)],
-            cwd=str(REPO_ROOT),
-            env=child_env(),
-        )
         self._stack = AsyncExitStack()
         err = self._stack.enter_context(self.errlog.open("a", encoding="utf-8"))
         try:
-            # No cancel scope around this: the client's own task group must nest in this task's scopes.
-            client = Client(stdio_client(params, errlog=err), read_timeout_seconds=START_TIMEOUT_S, cache=None)
-            self.client = await self._stack.enter_async_context(client)
+            launched = await self._stack.enter_async_context(
+                launch(self.config, err, pidfile=self.pidfile, read_timeout_s=START_TIMEOUT_S)
+            )
+            self.client = launched.client
         except BaseException:
             self._record_pid()
             await self._stack.aclose()
@@ -208,8 +171,8 @@ class Server:
         return self
 
     def _record_pid(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.pid = int(self.pidfile.read_text().strip())
+        self.pid = read_pid(self.pidfile)
+        if self.pid is not None:
             self.procs.add(self.pid)
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -254,12 +217,11 @@ def latency_figures(calls: Iterable[Outcome]) -> dict[str, Any]:
         hangs += c.latency_s > HANG_S
     out: dict[str, Any] = {"hangs": hangs, "max_latency_s": round(max((max(v) for v in by_tool.values()), default=0.0), 3)}
     for tool, v in sorted(by_tool.items()):
-        v.sort()
         out[tool] = {
             "calls": len(v),
-            "p50_s": round(v[len(v) // 2], 3),
-            "p95_s": round(v[min(len(v) - 1, int(len(v) * 0.95))], 3),
-            "max_s": round(v[-1], 3),
+            "p50_s": round(median(v) or 0.0, 3),
+            "p95_s": round(percentile(v, 0.95), 3),
+            "max_s": round(max(v), 3),
         }
     return out
 

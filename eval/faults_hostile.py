@@ -26,8 +26,9 @@ from faults_broken import (
     vault_bytes,
     write_broken_vault,
 )
-from faults_common import PYTHON, START_TIMEOUT_S, Outcome, Server, changed_bytes, load_cfg, run_cli, snapshot, tail, write_config
+from faults_common import PYTHON, START_TIMEOUT_S, Outcome, Server, changed_bytes, load_cfg, run_cli, snapshot, tail
 from faults_report import PartResult, Run
+from harness import write_config
 
 # Expected outcomes: a tool error, success, either (only safety is checked), or success with no results / an error.
 REFUSE, ACCEPT, ANY, EMPTY = "refuse", "accept", "any", "empty"

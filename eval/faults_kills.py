@@ -30,9 +30,9 @@ from faults_common import (
     run_cli,
     tail,
     temp_leftovers,
-    write_config,
 )
 from faults_report import PartResult, Run
+from harness import write_config
 from synthetic_vault import render_synthetic_note, write_synthetic_vault
 
 # Notes in the generated vault (quick / full): enough chunks that embedding spans several segments.

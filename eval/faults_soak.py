@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from faults_common import PYTHON, REPO_ROOT, START_TIMEOUT_S, Server, latency_figures, run_cli, tail, write_config
+from faults_common import PYTHON, REPO_ROOT, START_TIMEOUT_S, Server, latency_figures, run_cli, tail
 from faults_report import PartResult, Run
 from faults_storm import INBOX, INBOX_START, Storm, check_hits, file_checks, read_editor_log, stop_watcher
+from harness import write_config
 from synthetic_vault import write_synthetic_vault
 
 # Background notes in the soak vault.

@@ -36,11 +36,11 @@ from faults_common import (
     read_index,
     run_cli,
     tail,
-    write_config,
 )
 from faults_editor import WORDS, ext_line
 from faults_kills import QUERIES
 from faults_report import PartResult, Run
+from harness import write_config
 from synthetic_vault import write_synthetic_vault
 
 # Background notes in the storm vault (quick / full).

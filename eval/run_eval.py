@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Process start, for the cold-start figure (imports, index load, model load, first answer).
 T_START = time.perf_counter()
+
+from harness import percentile  # noqa: E402
 
 from kb_config import KBError, load_config, setup_logging  # noqa: E402
 
@@ -172,7 +175,7 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ms = sorted(r["ms"] for r in rows)
     res: dict[str, Any] = {
         "overall": summarize(rows),
-        "latency_ms": {"p50": statistics.median(ms), "p95": ms[min(len(ms) - 1, math.ceil(0.95 * len(ms)) - 1)]},
+        "latency_ms": {"p50": statistics.median(ms), "p95": percentile(ms, 0.95)},
     }
     for key in ("lang", "cls"):
         res[f"by_{key}"] = {v: summarize([r for r in rows if r[key] == v]) for v in sorted({r[key] for r in rows})}

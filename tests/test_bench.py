@@ -73,9 +73,11 @@ def test_bench_reports_every_metric_for_tiny_synthetic_vault(tmp_path):
 
 
 def test_bench_synthetic_vault_is_deterministic_and_mixed(tmp_path):
-    bench = _load_bench()
-    bench.write_synthetic_vault(tmp_path / "a", 30)
-    bench.write_synthetic_vault(tmp_path / "b", 30)
+    _load_bench()  # puts eval/ on sys.path
+    from synthetic_vault import write_synthetic_vault
+
+    write_synthetic_vault(tmp_path / "a", 30)
+    write_synthetic_vault(tmp_path / "b", 30)
     files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.md"))
     assert len(files_a) == 30
     assert files_a == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.md"))
