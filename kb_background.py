@@ -14,7 +14,7 @@ import random
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -41,6 +41,8 @@ COSINE_EPSILON = 1e-6
 _LANGUAGE_SUFFIX_RE = re.compile(r"[._\-](?:zh|cn|en|zh[_\-](?:cn|hans|hant|tw|hk))$", re.I)
 
 Ranked = list[tuple[str, float]]
+# The background sample: chunk ids, their stored vectors (one row each) and each id's row.
+Sample = tuple[list[str], np.ndarray, dict[str, int]]
 
 
 def chance_z(pool: int) -> float:
@@ -51,12 +53,17 @@ def chance_z(pool: int) -> float:
 
 @dataclass(frozen=True)
 class _NoteMatrix:
-    """Every note as one unit vector in one model's slots (the mean of its chunks' vectors), with its language."""
+    """Every note as one unit vector in one model's slots (the mean of its chunks' vectors), with its language; and
+    the notes of each language apart (`by_language[cjk]`: their rows in order, and those rows' vectors), so a note's
+    nearest note in the other language is one product with the other language's notes only. `nearest` remembers
+    each note's answer for as long as this matrix stands."""
 
     paths: list[str]
     row: dict[str, int]
     matrix: np.ndarray
     cjk: np.ndarray
+    by_language: dict[bool, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    nearest: dict[str, str | None] = field(default_factory=dict)
 
 
 class Background:
@@ -65,12 +72,12 @@ class Background:
     def __init__(self, engine: Engine, is_cjk: Callable[[str], bool]) -> None:
         self.engine = engine
         self._is_cjk = is_cjk
-        self._sample: tuple[tuple[str, int], tuple[list[str], np.ndarray] | None] | None = None
+        self._sample: tuple[tuple[str, int], Sample | None] | None = None
         self._lock = threading.Lock()
         self._note_vectors: dict[str, tuple[tuple[str, ...], np.ndarray | None, bool]] = {}  # path -> (chunks, vector, cjk)
         self._notes: tuple[tuple[int, str], _NoteMatrix] | None = None  # (view version, model) -> matrix
 
-    def vectors(self) -> tuple[list[str], np.ndarray] | None:
+    def vectors(self) -> Sample | None:
         """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
         the number of chunks moved by more than BACKGROUND_REFRESH_SHARE)."""
         engine = self.engine
@@ -88,7 +95,8 @@ class Background:
                 logger.warning("cannot read background vectors: %s", e)
                 return None
             got = [cid for cid in sample if cid in stored]
-            background = (got, np.asarray([stored[cid] for cid in got], dtype=np.float32)) if got else None
+            matrix = np.asarray([stored[cid] for cid in got], dtype=np.float32)
+            background = (got, matrix, {cid: i for i, cid in enumerate(got)}) if got else None
             self._sample = (key, background)
             return background
 
@@ -102,9 +110,9 @@ class Background:
         background = self.vectors()
         if background is None or background[1].shape[1] != len(vector):
             return None
-        ids, matrix = background
-        near = {cid for cid, _ in hits[:NEAREST_EXCLUDED]}
-        keep = np.fromiter((cid not in near for cid in ids), dtype=bool, count=len(ids))
+        ids, matrix, index = background
+        keep = np.ones(len(ids), dtype=bool)
+        keep[[i for cid, _ in hits[:NEAREST_EXCLUDED] if (i := index.get(cid)) is not None]] = False
         if int(keep.sum()) < MIN_BACKGROUND:
             return math.inf
         sims = (matrix @ np.asarray(vector, dtype=np.float32))[keep] * scale
@@ -168,14 +176,15 @@ class Background:
         return len(notes.paths) if notes is not None else 0
 
     def _nearest_other(self, notes: _NoteMatrix, path: str) -> str | None:
-        """The note in the other language nearest to `path` (whole-note cosine), or None if there is none."""
+        """The note in the other language nearest to `path` (whole-note cosine), or None if there is none; the first
+        of equals in the notes' order."""
+        if path in notes.nearest:
+            return notes.nearest[path]
         i = notes.row[path]
-        others = notes.cjk != notes.cjk[i]
-        if not others.any():
-            return None
-        sims = notes.matrix @ notes.matrix[i]
-        sims[~others] = -np.inf
-        return notes.paths[int(np.argmax(sims))]
+        rows, vectors = notes.by_language.get(not bool(notes.cjk[i]), (None, None))
+        found = None if rows is None else notes.paths[int(rows[int(np.argmax(vectors @ notes.matrix[i]))])]
+        notes.nearest[path] = found
+        return found
 
     def _note_matrix(self, model: str) -> _NoteMatrix | None:
         """Every note's vector in `model`'s slots (rebuilt when the view or the vectors changed; a note whose chunks
@@ -204,12 +213,14 @@ class Background:
         paths = [p for p in records if p in cache and cache[p][1] is not None]
         if not paths:
             return None
-        out = _NoteMatrix(
-            paths,
-            {p: i for i, p in enumerate(paths)},
-            np.stack([cache[p][1] for p in paths]),
-            np.fromiter((cache[p][2] for p in paths), dtype=bool, count=len(paths)),
-        )
+        matrix = np.stack([cache[p][1] for p in paths])
+        cjk = np.fromiter((cache[p][2] for p in paths), dtype=bool, count=len(paths))
+        by_language = {}
+        for lang in (False, True):
+            rows = np.flatnonzero(cjk == lang)
+            if len(rows):
+                by_language[lang] = (rows, np.ascontiguousarray(matrix[rows]))
+        out = _NoteMatrix(paths, {p: i for i, p in enumerate(paths)}, matrix, cjk, by_language)
         self._notes = (key, out)
         return out
 

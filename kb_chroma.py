@@ -204,6 +204,10 @@ class ChromaVectorStore:
             )
         return {c: float(v @ q) for c, v in got.items()}
 
+    def nearest_many(self, queries: Sequence[Sequence[float]], ns: Sequence[int]) -> list[list[tuple[str, float]]]:
+        """`nearest` for each query (one request each: the server does the scan)."""
+        return [self.nearest(q, n) for q, n in zip(queries, ns)]
+
     def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]:
         if n <= 0:
             return []

@@ -124,6 +124,26 @@ class ChunkVectors:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
+    def query_many(
+        self, vectors: Sequence[Sequence[float]], ns: Sequence[int], paths: Sequence[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """`query` for several vectors (the j-th wants ns[j] chunks): one pass over the stored vectors (no `paths`)."""
+        if paths is not None or len(vectors) < 2:
+            return [self.query(v, n, paths) for v, n in zip(vectors, ns)]
+        view, store = self._engine.view, self._engine.store
+        near_all = store.nearest_many(vectors, [n * 2 for n in ns])
+        out: list[list[tuple[str, float]]] = []
+        for vector, n, near in zip(vectors, ns, near_all):
+            found: list[tuple[str, float]] = []
+            with view.mutex:
+                for content, cos in near:
+                    found.extend((cid, cos) for cid in sorted(view.content_ids.get(content, ())))
+            if len(found) >= n or len(near) >= len(store):
+                out.append(list(dict.fromkeys(found))[:n])
+            else:  # many stored contents no chunk references any more: ask for more, this vector alone
+                out.append(self.query(vector, n))
+        return out
+
     def query(self, vector: Sequence[float], n: int, paths: Sequence[str] | None = None) -> list[tuple[str, float]]:
         """Nearest chunks as (chunk id, cosine), best first; `paths` restricts to those notes."""
         view, store = self._engine.view, self._engine.store

@@ -396,6 +396,9 @@ class MiniLMEmbedder:
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]
 
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.embed_documents(texts)  # no query prefix: queries embed as documents do
+
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         """Text indices in forward passes: sorted by token count, at most batch_size texts and BATCH_TOKEN_BUDGET
         tokens each, and small calls split so that every worker gets a pass."""

@@ -27,7 +27,7 @@ from kb_filter import NoteFilter
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import cjk_share
-from kb_vectors import PartQuery, embed_query_part, embedder_parts, is_english_only
+from kb_vectors import PartQuery, embed_query_parts, embedder_parts, is_english_only
 from kb_view import ChunkPredicate
 
 logger = logging.getLogger(__name__)
@@ -188,28 +188,35 @@ class Searcher:
             out.append(_Probe(len(out), t, self.view.tokenize(t), cjk_share(t) >= self.tuning.cjk_share))
         return out
 
-    def _part_queries(self, query: str, mode: str) -> list[tuple[PartQuery, bool]]:
-        """One query vector per model, each with whether its cosine is trusted.
+    def _part_queries(self, texts: Sequence[str], mode: str) -> list[list[tuple[PartQuery, bool]]]:
+        """For each text (the query, the alternatives), one query vector per model, each with whether its cosine is
+        trusted; each model embeds every text it reads in one call.
 
         An English-only model scores any two Chinese texts alike: a mostly Chinese query gives it only its Latin words
         (names, identifiers), or nothing without any; except in semantic mode when no other model reads the query.
         """
         embedder = self.engine.embedder
         parts = embedder_parts(embedder)
-        cjk = cjk_share(query) >= self.tuning.cjk_share
-        trust = [not (cjk and is_english_only(part.name)) for part in parts]
-        if mode == "semantic" and not any(trust):
-            trust = [True] * len(parts)
-        out: list[tuple[PartQuery, bool]] = []
-        for i, trusted in enumerate(trust):
-            text = query if trusted else " ".join(_LATIN_WORD_RE.findall(query))
-            if text:
-                out.append((embed_query_part(embedder, i, text), trusted))
-        return out
+        plans: list[list[tuple[int, str, bool]]] = []  # per text: (model, the text it embeds, trusted)
+        for query in texts:
+            cjk = cjk_share(query) >= self.tuning.cjk_share
+            trust = [not (cjk and is_english_only(part.name)) for part in parts]
+            if mode == "semantic" and not any(trust):
+                trust = [True] * len(parts)
+            plan = [
+                (i, query if trusted else " ".join(_LATIN_WORD_RE.findall(query)), trusted) for i, trusted in enumerate(trust)
+            ]
+            plans.append([(i, text, trusted) for i, text, trusted in plan if text])
+        vectors: dict[tuple[int, str], PartQuery] = {}
+        for i in range(len(parts)):
+            wanted = list(dict.fromkeys(text for plan in plans for m, text, _ in plan if m == i))
+            if wanted:
+                vectors.update(zip(((i, t) for t in wanted), embed_query_parts(embedder, i, wanted)))
+        return [[(vectors[(i, text)], trusted) for i, text, trusted in plan] for plan in plans]
 
     def _semantic(
         self,
-        probe: _Probe,
+        probes: Sequence[_Probe],
         mode: str,
         n: int,
         accept: ChunkPredicate | None,
@@ -219,27 +226,33 @@ class Searcher:
         cross: bool,
         query_cjk: bool,
     ) -> list[_SemanticList]:
+        """Every probe's ranked list per model (and the cross-lingual lists), from one pass over the vectors."""
         engine = self.engine
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
-        queries = self._part_queries(probe.text, mode)
+        queries = self._part_queries([p.text for p in probes], mode)
         paths, pool = scope
         if paths is not None and not paths:
-            return [_SemanticList(q, trusted, [], 0, probe=probe.index) for q, trusted in queries]
+            return [_SemanticList(q, trusted, [], 0, probe=p.index) for p, qs in zip(probes, queries) for q, trusted in qs]
+        flat = [
+            (p, q, trusted, cross and trusted and not is_english_only(q.model))
+            for p, qs in zip(probes, queries)
+            for q, trusted in qs
+        ]
+        wants = [n * self.tuning.cross_pool if other_language else n for *_, other_language in flat]
+        try:
+            found_all = engine.vectors.query_many([q.vector for _, q, _, _ in flat], wants, paths)
+        except Exception as e:  # a store another process is rewriting: degrade to keyword for this search
+            logger.warning("vector query failed: %s", e)
+            notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
+            return []
         out: list[_SemanticList] = []
-        for q, trusted in queries:
-            other_language = cross and trusted and not is_english_only(q.model)
-            try:
-                found = engine.vectors.query(q.vector, n * self.tuning.cross_pool if other_language else n, paths)
-            except Exception as e:  # a store another process is rewriting: degrade to keyword for this search
-                logger.warning("vector query failed: %s", e)
-                notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
-                return []
+        for (p, q, trusted, other_language), found in zip(flat, found_all):
             hits = self.view.present(((cid, float(cos) * q.scale) for cid, cos in found), accept)
             other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if other_language else []
-            out.append(_SemanticList(q, trusted, hits[:n], pool, probe=probe.index))
+            out.append(_SemanticList(q, trusted, hits[:n], pool, probe=p.index))
             if other:
-                out.append(_SemanticList(q, trusted, other, pool, cross=True, probe=probe.index))
+                out.append(_SemanticList(q, trusted, other, pool, cross=True, probe=p.index))
         return out
 
     def _is_cjk(self, chunk_id: str) -> bool:
@@ -321,9 +334,8 @@ class Searcher:
         lists: list[_SemanticList] = []
         if mode != "keyword":
             try:
-                scope = view.scope(wanted)  # once for every probe
-                for p in probes:
-                    lists += self._semantic(p, mode, n, accept, scope, notes, cross=cross, query_cjk=query_probe.cjk)
+                scope = view.scope(wanted)
+                lists = self._semantic(probes, mode, n, accept, scope, notes, cross=cross, query_cjk=query_probe.cjk)
             except ModelUnavailableError as e:
                 if mode == "semantic":
                     raise

@@ -201,12 +201,25 @@ class VectorStore:
 
         Includes contents no chunk references any more; callers skip those and ask for more.
         """
+        return self.nearest_many([query], [n])[0]
+
+    def nearest_many(self, queries: Sequence[Sequence[float]], ns: Sequence[int]) -> list[list[tuple[str, float]]]:
+        """`nearest` for several queries (the j-th wants ns[j] contents) in one pass over the vectors: a search's
+        query and alternatives, each model's; the pass is memory-bound, so k queries cost little more than one."""
         with self._lock:
-            if not self._keys or n <= 0:
-                return []
-            sims = self._matrix @ self._query(query)
+            if not self._keys or not queries:
+                return [[] for _ in queries]
+            q = np.stack([self._query(v) for v in queries], axis=1)
+            sims_all = self._matrix @ q
             keys = self._keys
-        n = min(n, len(sims))
-        top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
-        top = top[np.argsort(-sims[top], kind="stable")]
-        return [(keys[i], float(sims[i])) for i in top]
+        out: list[list[tuple[str, float]]] = []
+        for j, n in enumerate(ns):
+            sims = sims_all[:, j]
+            k = min(n, len(sims))
+            if k <= 0:
+                out.append([])
+                continue
+            top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
+            top = top[np.argsort(-sims[top], kind="stable")]
+            out.append([(keys[i], float(sims[i])) for i in top])
+        return out

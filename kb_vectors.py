@@ -157,6 +157,9 @@ class UseEmbedder:
     def embed_query(self, text: str) -> list[float]:
         return self.load().encode([text])[0].tolist()
 
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.embed_documents(texts)  # USE embeds queries and documents alike
+
 
 class SentenceTransformerEmbedder:
     """A sentence-transformers model: a known name, a Hugging Face id, or a local folder; loaded on first use."""
@@ -230,6 +233,9 @@ class SentenceTransformerEmbedder:
     def embed_query(self, text: str) -> list[float]:
         return self._encode([text], query=True)[0]
 
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._encode(texts, query=True) if texts else []
+
 
 @dataclass(frozen=True)
 class PartQuery:
@@ -282,11 +288,17 @@ class MultiEmbedder:
 
     def embed_query_part(self, index: int, text: str) -> PartQuery:
         """Model `index`'s query vector, zero-padded to the joint layout (see the class docstring)."""
+        return self.embed_query_parts(index, [text])[0]
+
+    def embed_query_parts(self, index: int, texts: Sequence[str]) -> list[PartQuery]:
+        """embed_query_part for several texts, embedded in one call (see embed_queries)."""
         dims = self.dims()
-        own = self.parts[index].embed_query(text)
         before = sum(dims[:index])
-        vector = [0.0] * before + list(own) + [0.0] * (sum(dims) - before - len(own))
-        return PartQuery(self.parts[index].name, vector, self.part_scale)
+        out = []
+        for own in embed_queries(self.parts[index], texts):
+            vector = [0.0] * before + list(own) + [0.0] * (sum(dims) - before - len(own))
+            out.append(PartQuery(self.parts[index].name, vector, self.part_scale))
+        return out
 
 
 def embedder_parts(embedder: Embedder) -> list[Embedder]:
@@ -296,9 +308,22 @@ def embedder_parts(embedder: Embedder) -> list[Embedder]:
 
 def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:
     """Model `index`'s query vector in the store's layout (a single model: the plain query vector, scale 1)."""
+    return embed_query_parts(embedder, index, [text])[0]
+
+
+def embed_query_parts(embedder: Embedder, index: int, texts: Sequence[str]) -> list[PartQuery]:
+    """embed_query_part for several texts (a query and its alternatives), embedded in one call where the model
+    batches them."""
     if isinstance(embedder, MultiEmbedder):
-        return embedder.embed_query_part(index, text)
-    return PartQuery(embedder.name, embedder.embed_query(text), 1.0)
+        return embedder.embed_query_parts(index, texts)
+    return [PartQuery(embedder.name, v, 1.0) for v in embed_queries(embedder, texts)]
+
+
+def embed_queries(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """Query vectors for several texts: one call where the model batches queries (embed_queries), else one
+    embed_query each."""
+    batch = getattr(embedder, "embed_queries", None)
+    return list(batch(list(texts))) if batch is not None else [embedder.embed_query(t) for t in texts]
 
 
 def model_slots(embedder: Embedder, model: str) -> tuple[slice, float]:
