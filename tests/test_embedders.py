@@ -226,3 +226,14 @@ def test_server_search_with_the_default_models_never_imports_torch(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["model"] == "use-multilingual,all-MiniLM-L6-v2" and got["top"] == "a.md"
     assert got["heavy"] == []
+
+
+def test_part_queries_of_several_texts_equal_one_at_a_time():
+    from kb_vectors import embed_query_parts
+
+    multi = MultiEmbedder([HashEmbedder(dim=16, name="a"), HashEmbedder(dim=32, name="b")])
+    texts = ["ledger rate limit", "备份 策略", "restic"]
+    for i in range(2):
+        together = embed_query_parts(multi, i, texts)
+        assert [p.vector for p in together] == [embed_query_part(multi, i, t).vector for t in texts]
+        assert {p.model for p in together} == {("a", "b")[i]}

@@ -92,3 +92,19 @@ def test_query_of_another_models_size_is_refused_with_the_next_step(tmp_path):
         store.nearest(_unit(1, 0), 1)
     with pytest.raises(IndexFormatError, match="another embedding model"):
         store.cosines(_unit(1, 0), ["a"])
+
+
+def test_nearest_many_gives_each_query_what_nearest_gives_it(tmp_path):
+    rng = np.random.default_rng(7)
+    store = VectorStore(tmp_path)
+    vectors = rng.standard_normal((60, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store.load(store.write_segment({f"c{i}": v.tolist() for i, v in enumerate(vectors)}))
+    queries = [vectors[3].tolist(), (vectors[40] * 0.6 + vectors[41] * 0.4).tolist(), rng.standard_normal(8).tolist()]
+    ns = [5, 12, 0]
+    many = store.nearest_many(queries, ns)
+    for q, n, got in zip(queries, ns, many):
+        alone = store.nearest(q, n)
+        assert [c for c, _ in got] == [c for c, _ in alone] and len(got) == n
+        assert [s for _, s in got] == pytest.approx([s for _, s in alone], abs=1e-6)
+    assert many[0][0][0] == "c3"
