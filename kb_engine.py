@@ -4,7 +4,9 @@ On disk (cfg.index_dir): state.json, the commit point (per-note stat, md5, chunk
 of vector segments); the vector segments (kb_store); the BM25 pickle (a process's view, so the next one starts fast).
 A sync first commits what the notes say (records and chunk ids, no model needed), then embeds the chunks that have
 no vector yet, in batches, outside the lock; each batch is one new segment named by one more commit. Every process
-re-reads state.json when another one committed.
+re-reads state.json when another one committed. Over 500 lines for a reason: every step of a sync (scan, plan,
+commit, embed, reconcile the view) reads and writes the same cached state.json under the same lock; moving that
+cache into its own class beside kb_state is the next cut.
 Imports: kb_chunk, kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
 """
 

@@ -20,7 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from harness import QUERIES, REPO_ROOT, Busy, Metric, child_env, launch, median, percentile, prepare_vault, say, write_config
+from harness import (
+    QUERIES,
+    REPO_ROOT,
+    Busy,
+    Metric,
+    child_env,
+    launch,
+    median,
+    peak_memory_mb,
+    percentile,
+    prepare_vault,
+    say,
+    write_config,
+)
 
 from kb_config import KBError, load_config
 from kb_vectors import HASH_MODEL_NAME
@@ -173,8 +186,10 @@ async def bench_edits(session: Any, vault: Path, mode: str, tag: str) -> dict[st
 
 
 async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: str) -> dict[str, Any]:
-    """One warm session: search latency over SEARCHES queries, then the edits, then the server's own counters."""
-    async with launch(config, errlog, read_timeout_s=CALL_TIMEOUT_S) as server:
+    """One warm session: search latency over SEARCHES queries, then the edits, then the server's own counters and its
+    peak resident memory."""
+    pidfile = config.with_name(f"server-{tag}.pid")
+    async with launch(config, errlog, pidfile=pidfile, read_timeout_s=CALL_TIMEOUT_S) as server:
         session = server.client
         await wait_semantic(session, mode)
         for q in QUERIES[:3]:
@@ -187,7 +202,8 @@ async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: 
         edits = await bench_edits(session, vault, mode, tag)
         with anyio.fail_after(CALL_TIMEOUT_S):
             status = (await session.call_tool("index_status", {})).structured_content or {}
-    return {"times": times, "edits": edits, "status": status}
+        memory = peak_memory_mb(server.pid) if server.pid is not None else (None, "")
+    return {"times": times, "edits": edits, "status": status, "memory": memory}
 
 
 def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
@@ -246,6 +262,7 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
                 )
             add("search_p50_ms", median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
             add("search_p95_ms", percentile(se["times"], 0.95) * 1000, "ms")
+            add("server_peak_rss_mb", se["memory"][0], "MB", se["memory"][1] + ", after the searches and edits")
             for kind, (found, tries) in se["edits"].items():
                 add(f"edit_{kind}_ms", None if found is None else found * 1000, "ms", "saved -> the reply that shows it")
                 add(f"edit_{kind}_searches", tries if found is not None else None, "searches", "1 = the very next search")
