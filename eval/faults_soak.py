@@ -60,6 +60,11 @@ def growth(samples: list[dict[str, int]], warm_up: int) -> dict[str, Any]:
         return {"judged": False, "samples_after_warm_up": len(after)}
     q = max(1, len(after) // 4)
     out: dict[str, Any] = {"judged": True, "samples_after_warm_up": len(after)}
+    # The resident memory through the run, as the median of each tenth of the samples (MB): a plateau or a slope.
+    tenth = max(1, len(samples) // 10)
+    out["rss_mb_by_tenth"] = [
+        round(statistics.median(s["rss_kb"] for s in samples[i : i + tenth]) / 1024, 1) for i in range(0, len(samples), tenth)
+    ]
     for key in ("rss_kb", "fds", "threads"):
         first = statistics.median(s[key] for s in after[:q])
         last = statistics.median(s[key] for s in after[-q:])
