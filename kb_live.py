@@ -42,9 +42,9 @@ STARTUP_WAIT_S = 60.0
 SHUTDOWN_WAIT_S = 3.0
 # Save this process's keyword view to disk at most this often (it is the next process's fast start).
 SAVE_VIEW_DELAY_S = 10.0
-# Model threads in the server (torch, or numpy/BLAS for USE). It embeds one short query at a time, where a second
+# Model and BLAS threads in the server (torch, numpy's BLAS). It embeds one short query at a time, where a second
 # thread saves ~10 ms on an idle 2-core machine but, measured here, turned 15 ms into ~490 ms (torch) when the other
-# core was busy (e.g. the client itself).
+# core was busy (e.g. the client itself); numpy's own BLAS threads did the same to every vector scan.
 SERVER_MODEL_THREADS = 1
 # Before taking the changed paths, a search sleeps this long so watchdog's threads hand over events the kernel has
 # already queued: anything saved before the request was sent is queued by then, and inotify -> handler took
@@ -129,10 +129,15 @@ class LiveIndex:
 
     def _load_in_order(self) -> None:
         try:
+            from threadpoolctl import threadpool_limits
+
             from kb_engine import Engine
             from kb_search import Searcher
             from kb_vectors import make_embedder
 
+            # Every BLAS call of this process (the vector scan, the translation step, the gate), not only the models:
+            # OpenBLAS's second thread spins after each call and took the core the client (or anything else) needed.
+            threadpool_limits(SERVER_MODEL_THREADS)
             cfg = self.cfg
             embedder = self._embedder or make_embedder(
                 cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, threads=SERVER_MODEL_THREADS
