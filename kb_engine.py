@@ -513,7 +513,13 @@ class Engine:
         if segments is not None:
             meta["segments"] = list(segments)
         meta.setdefault("segments", list(self.store.segments))
-        write_state_file(self.state_path, meta, self._state or {})
+        try:
+            write_state_file(self.state_path, meta, self._state or {})
+        except BaseException:
+            # Not committed (a full disk, a quota, a kill): what this process holds is not the index; the next sync
+            # reads state.json again and redoes what it lacks, instead of taking its own uncommitted records as done.
+            self._state_id = None
+            raise
         self._state_meta = meta
         self._state_id = file_identity(self.state_path)
 

@@ -99,9 +99,9 @@ class LiveIndex:
         self._audit_running = threading.Lock()
         self._embedding = threading.Lock()  # held while a background embed_pending runs
         self._missed_audits = 0
-        self._state_seen: tuple[int, int, int] | None = (
-            None  # state.json's identity when this process last synced (others commit there)
-        )
+        # state.json's identity when this process last synced (others commit there)
+        self._state_seen: tuple[int, int, int] | None = None
+        self.sync_error: str | None = None  # why the last sync could not write the index (None: it could)
         self.counts = {
             "event_syncs": 0,  # searches that applied changed paths from file events
             "state_checks": 0,  # searches with no event, checking only whether another process committed
@@ -344,12 +344,23 @@ class LiveIndex:
     def try_sync(self, wait_s: float, paths: list[str] | None) -> SyncReport | None:
         """engine.try_sync, never loading the model on a search's path: before the model is ready, changes are
         committed without vectors (keyword search has them at once); vectors the engine leaves to embed are embedded
-        in the background."""
+        in the background. The index's folder failing a write (a full disk, a quota, a read-only mount) is a KBError
+        saying so, kept in `sync_error` for index_status until a sync succeeds; searches go on from what is held."""
         engine = self.engine
-        if self.model_ready.is_set():
-            report = engine.try_sync(wait_s, paths)
-        else:
-            report = engine.try_sync(wait_s, paths, embed_limit=0)
+        try:
+            if self.model_ready.is_set():
+                report = engine.try_sync(wait_s, paths)
+            else:
+                report = engine.try_sync(wait_s, paths, embed_limit=0)
+        except OSError as e:
+            self.sync_error = (
+                f"the index in {self.cfg.index_dir} cannot be written ({e.strerror or e}): searches answer from what "
+                "was indexed before, and edits since are not indexed until space is freed there (nothing is lost)"
+            )
+            logger.warning("%s", self.sync_error)
+            raise KBError(self.sync_error) from e
+        if report is not None:
+            self.sync_error = None
         if report is not None and report.pending_vectors and self.model_ready.is_set() and engine.model_error is None:
             if self._embedding.acquire(blocking=False):
                 threading.Thread(target=self._embed_pending, name="kb-embed", daemon=True).start()

@@ -339,7 +339,7 @@ class KnowledgeBase:
             "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
             "last_sync_summary": rep.summary() if rep else None,
             "change_detection": self.live.change_detection(),
-            "sync_warning": engine.held_deletions,
+            "sync_warning": self.live.sync_error or engine.held_deletions,
             "freshness": dict(self.live.counts, file_events=self.live.changes.events if self.live.changes else 0),
             "writable": list(self.cfg.writable),
             "creatable": list(self.cfg.creatable),

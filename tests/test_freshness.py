@@ -332,3 +332,25 @@ def test_two_servers_on_two_vaults_under_one_data_dir_share_nothing(tmp_path):
     finally:
         for kb in servers.values():
             kb.shutdown()
+
+
+def test_a_full_index_disk_leaves_the_server_answering_and_index_status_says_why(kb, small_vault, monkeypatch):
+    import errno
+
+    import kb_engine
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kb_engine, "write_state_file", full)  # state.json, the commit point, cannot be written
+    _after_event(kb, lambda: _edit_in_place(small_vault))
+    text, data = kb.search("PostgreSQL ledger", mode="keyword")  # answers from what was indexed
+    assert [h["path"] for h in data["hits"]][:1] == ["projects/alpha.md"]
+    assert any("cannot be written (No space left on device)" in n for n in data["notes"])
+    status = kb.status()[1]
+    assert "cannot be written" in status["sync_warning"] and str(kb.cfg.index_dir) in status["sync_warning"]
+    text, _ = kb.append("inbox.md", "- a thought while the disk is full", None, False)
+    assert text.startswith("Appended") and "not yet indexed" in text  # the note has it; the index catches up later
+    monkeypatch.undo()  # space freed: the next search indexes what was missed and the warning goes
+    assert _hits(kb, "okapi feeding schedule")[:1] == ["inbox.md"]
+    assert kb.status()[1]["sync_warning"] is None
