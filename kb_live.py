@@ -403,6 +403,8 @@ class LiveIndex:
                     "(e.g. folders past the inotify watch limit, or a network file system)"
                 )
                 logger.warning("%s; walking the vault before each search from now on", self._walk_reason)
+        except KBError as e:  # e.g. the index's disk is full: said by try_sync, in sync_error and the log
+            logger.info("the audit walk could not sync: %s", e)
         except Exception:
             logger.exception("the audit walk failed; the next one retries")
         finally:
