@@ -117,10 +117,7 @@ async def _soak(run: Run, res: PartResult, base: Path, vault: Path, config: Path
         storm = Storm(run, time.monotonic() + seconds, SOAK_PAUSES)
         run.say(f"soak: 2 servers, watcher and editor at a person's pace for {seconds:.0f} s")
         async with anyio.create_task_group() as tg:
-            for k, s in enumerate(servers):
-                tg.start_soon(storm.appender, s, k)
-                tg.start_soon(storm.searcher, s)
-                tg.start_soon(storm.statuser, s)
+            storm.start_loops(tg, servers)
             tg.start_soon(_sample, pids, every_s, storm.deadline, samples)
         try:
             await anyio.to_thread.run_sync(lambda: editor.wait(timeout=60))

@@ -92,6 +92,13 @@ class Storm:
     def live(self) -> bool:
         return time.monotonic() < self.deadline
 
+    def start_loops(self, tg: Any, servers: list[Server]) -> None:
+        """Each server's append, search and index_status loops, in the task group `tg`."""
+        for k, s in enumerate(servers):
+            tg.start_soon(self.appender, s, k)
+            tg.start_soon(self.searcher, s)
+            tg.start_soon(self.statuser, s)
+
     async def appender(self, s: Server, k: int) -> None:
         for n in range(1, MAX_CALLS_PER_LOOP + 1):
             if not self.live():
@@ -203,10 +210,7 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         storm = Storm(run, time.monotonic() + seconds)
         run.say(f"storm: {n_servers} servers, watcher, ingest loop and editor for {seconds:.0f} s")
         async with anyio.create_task_group() as tg:
-            for k, s in enumerate(servers):
-                tg.start_soon(storm.appender, s, k)
-                tg.start_soon(storm.searcher, s)
-                tg.start_soon(storm.statuser, s)
+            storm.start_loops(tg, servers)
             tg.start_soon(anyio.to_thread.run_sync, storm.ingest_loop, config, base / "ingest.log")
         try:
             await anyio.to_thread.run_sync(lambda: editor.wait(timeout=60))

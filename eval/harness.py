@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -145,16 +143,9 @@ async def launch(
     params = StdioServerParameters(command=command, args=args, cwd=str(REPO_ROOT), env=child_env())
     t0 = time.perf_counter()
     client = Client(stdio_client(params, errlog=errlog), read_timeout_seconds=read_timeout_s, cache=None)
-    launched = Launched(None, t0, 0.0)
-    try:
-        # No cancel scope around this: the client's own task group must nest in the caller's scopes.
-        async with client as connected:
-            launched.client, launched.initialize_s = connected, time.perf_counter() - t0
-            launched.pid = read_pid(pidfile)
-            yield launched
-    finally:
-        if launched.pid is None:
-            launched.pid = read_pid(pidfile)
+    # No cancel scope around this: the client's own task group must nest in the caller's scopes.
+    async with client as connected:
+        yield Launched(connected, t0, time.perf_counter() - t0, read_pid(pidfile))
 
 
 def read_pid(pidfile: Path | None) -> int | None:
@@ -245,8 +236,3 @@ def prepare_vault(out_dir: Path, kb_dir: Path | None, synthetic: int | None) -> 
     dest.mkdir(parents=True)
     write_synthetic_vault(dest, synthetic or 0)
     return dest, f"synthetic, {synthetic} notes, seed {SEED}"
-
-
-def run_sync(fn: Any, *args: Any) -> Any:
-    """Run an async function to completion from sync code (anyio, the SDK's event loop library)."""
-    return anyio.run(fn, *args)
