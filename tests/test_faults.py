@@ -76,20 +76,35 @@ def faults_modules() -> Any:
     return faults_common, faults_kills
 
 
-def test_soak_judges_growth_after_warm_up_only(faults_modules):
+def test_soak_judges_private_memory_growth_after_warm_up_only(faults_modules):
     import faults_report
     import faults_soak
 
-    def rows(rss: list[int]) -> list[dict[str, int]]:
-        return [{"rss_kb": r, "fds": 10, "threads": 8} for r in rss]
+    def rows(anon: list[int], file_kb: int | list[int] = 40) -> list[dict[str, int]]:
+        files = file_kb if isinstance(file_kb, list) else [file_kb] * len(anon)
+        return [{"rss_kb": a + f, "rss_anon_kb": a, "rss_file_kb": f, "fds": 10, "threads": 8} for a, f in zip(anon, files)]
 
     flat = rows([50] * 10 + [100] * 20 + [105] * 10)  # grows in warm-up, then +5%
     leaking = rows([100] * 20 + [115] * 20)  # +15% after warm-up
+    # A memory-mapped model paging in rows: all resident memory +25%, private memory flat.
+    paging = rows([100] * 40, [40] * 20 + [90] * 20)
     res = faults_report.PartResult("soak")
-    faults_soak.judge_growth(res, {"flat": flat, "leaking": leaking, "short": rows([100, 200])}, 40.0, 1.0)
-    assert [f.case for f in res.findings] == ["leaking: rss_kb over the soak"]
-    assert res.figures["resources"]["flat"]["rss_kb"]["growth"] == 0.05
-    assert not res.figures["resources"]["short"]["judged"]
+    samples = {"flat": flat, "leaking": leaking, "paging": paging, "short": rows([100, 200])}
+    faults_soak.judge_growth(res, samples, 40.0, 1.0)
+    assert [f.case for f in res.findings] == ["leaking: rss_anon_kb over the soak"]
+    figures = res.figures["resources"]
+    assert figures["flat"]["rss_anon_kb"]["growth"] == 0.05
+    assert figures["paging"]["rss_kb"]["growth"] == 0.357 and figures["paging"]["rss_file_kb"]["growth"] == 1.25
+    assert not figures["short"]["judged"]
+
+
+def test_soak_reads_private_and_file_backed_memory_of_a_process(faults_modules):
+    import faults_soak
+
+    now = faults_soak.read_resources(os.getpid())
+    assert now is not None and now["rss_anon_kb"] > 0 and now["rss_file_kb"] > 0
+    assert abs(now["rss_anon_kb"] + now["rss_file_kb"] - now["rss_kb"]) <= now["rss_kb"] * 0.1  # + shared memory
+    assert faults_soak.read_resources(2**22 + 12345) is None
 
 
 @pytest.mark.parametrize(
