@@ -5,8 +5,8 @@ of vector segments); the vector segments (kb_store); the BM25 pickle (a process'
 A sync first commits what the notes say (records and chunk ids, no model needed), then embeds the chunks that have
 no vector yet, in batches, outside the lock; each batch is one new segment named by one more commit. Every process
 re-reads state.json when another one committed. Over 500 lines for a reason: every step of a sync (scan, plan,
-commit, embed, reconcile the view) reads and writes the same cached state.json under the same lock; moving that
-cache into its own class beside kb_state is the next cut.
+commit, embed, reconcile the view) is a step of one protocol under one lock, and reads best in one file; state.json's
+copy is kb_state.IndexState.
 Imports: kb_chunk, kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
 """
 
@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +34,10 @@ from kb_state import (
     ChunkRecord,
     FileLock,
     FileRecord,
+    IndexState,
     LinkRow,
     SyncReport,
     decode_note,
-    file_identity,
-    read_state_file,
-    write_state_file,
 )
 from kb_store import VectorStore
 from kb_text import Tokenizer, cjk_share, content_hash
@@ -224,14 +222,8 @@ class Engine:
         self._embed_claim = FileLock(cfg.index_dir / "embed.lock")  # one embedding run at a time across processes
         self._view_loaded = False
         self._swept = False
-        self._state: dict[str, FileRecord] | None = None  # state.json as last read (None: not yet)
-        self._state_stats: dict[str, Stat] = {}
-        self._state_rework = False  # some record must be re-read (its chunking parameters changed)
-        self._state_meta: dict[str, Any] = {}
-        self._state_id: tuple | None = None
-        self._switch_model = False  # state.json names another model: check ours loads, then re-embed everything
+        self.state = IndexState(self.state_path, self.params)  # state.json as this process last read or wrote it
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
-        self._state_lock = threading.RLock()  # this process's threads re-read state.json one at a time
         self._segments_swept = False
         self._scan_skipped: dict[str, str] = {}
         self._logseq_graph = is_logseq_graph(cfg.kb_dir)  # outline notes chunk at blocks
@@ -411,7 +403,7 @@ class Engine:
             pass  # the sync's own read of state.json reports it
         with self.mutex:
             known = {p: r.stat for p, r in self.view.files.items()}
-        for p, r in (self._state or {}).items():
+        for p, r in self.state.files.items():
             known.setdefault(p, r.stat)
         missing = [p for p in known if p not in disk]
         held = (
@@ -452,8 +444,8 @@ class Engine:
     def _rebuild(self, report: SyncReport) -> None:
         with self._locked():
             self.cfg.bm25_index_file.unlink(missing_ok=True)
-            self._set_state({})
-            self._state_meta = {"generation": self._state_meta.get("generation", 0)}
+            self.state.adopt({})
+            self.state.meta = {"generation": self.state.meta.get("generation", 0)}
             self._commit_state(segments=())
             self.store.clear()
             self.store.load(())
@@ -466,68 +458,25 @@ class Engine:
     # ---- state.json ---------------------------------------------------------------------------------------------
 
     def _read_state(self, reasons: list[str]) -> None:
-        """Load state.json (and the vector segments it names); if the index parameters changed, say what is redone."""
-        self._state_id = file_identity(self.state_path)
-        try:
-            data = read_state_file(self.state_path)
-        except ValueError as e:
-            reasons.append(
-                f"state file {self.state_path} is unusable ({e}); re-indexing from the notes (vectors are re-embedded)"
-            )
-            data = None
-        if data is None:
-            self._set_state({})
-            self._state_meta = {"generation": self._state_meta.get("generation", 0)}
-            self._switch_model = False
-            return
-        files: dict[str, FileRecord] = data.pop("files")
-        old = data.get("params", {})
-        self._switch_model = old.get("model") != self.params["model"]
-        if any(old.get(k) != self.params[k] for k in CHUNK_PARAMS):
-            changes = ", ".join(f"{k} {old.get(k)} -> {self.params[k]}" for k in CHUNK_PARAMS if old.get(k) != self.params[k])
-            reasons.append(f"chunking changed ({changes}): re-chunking every note; vectors of unchanged text are reused")
-            files = {p: replace(r, md5="") for p, r in files.items()}  # md5 "" forces a re-read
-        self._set_state(files)
-        self._state_meta = data
-        if not self._switch_model:
-            self._load_segments()
-
-    def _load_segments(self) -> None:
-        names = self._state_meta.get("segments", ())
-        try:
-            self.store.load(names)
-        except FileNotFoundError:
-            # compacted by another process between our read of state.json and now: its new state names the rest
-            self._state_id = None
-            raise _Retry() from None
-
-    def _set_state(self, files: dict[str, FileRecord]) -> None:
-        """Adopt a state table, with the stat map the no-change fast path compares against."""
-        self._state = files
-        self._state_stats = {p: r.stat for p, r in files.items()}
-        self._state_rework = any(not (r.md5 or r.skipped) for r in files.values())
+        """Load state.json and, unless it names another model, the vector segments it names."""
+        self.state.read(reasons, CHUNK_PARAMS)
+        if not self.state.model_switch:
+            try:
+                self.store.load(self.state.segments)
+            except FileNotFoundError:
+                # compacted by another process between our read of state.json and now: its new state names the rest
+                self.state.forget()
+                raise _Retry() from None
 
     def _commit_state(self, segments: Sequence[str] | None = None) -> None:
         """Replace state.json (the commit point); `segments` replaces the list of vector segments it names."""
-        meta = dict(self._state_meta, params=self.params, generation=int(self._state_meta.get("generation", 0)) + 1)
-        if segments is not None:
-            meta["segments"] = list(segments)
-        meta.setdefault("segments", list(self.store.segments))
-        try:
-            write_state_file(self.state_path, meta, self._state or {})
-        except BaseException:
-            # Not committed (a full disk, a quota, a kill): what this process holds is not the index; the next sync
-            # reads state.json again and redoes what it lacks, instead of taking its own uncommitted records as done.
-            self._state_id = None
-            raise
-        self._state_meta = meta
-        self._state_id = file_identity(self.state_path)
+        self.state.commit(None if segments is None else tuple(segments), self.store.segments)
 
     def _refresh_state(self, reasons: list[str]) -> bool:
         """Re-read state.json if another process replaced it; True if it did."""
         for _ in range(STATE_RETRIES):
-            with self._state_lock:
-                if self._state is not None and file_identity(self.state_path) == self._state_id:
+            with self.state.lock:
+                if self.state.is_current():
                     return False
                 try:
                     self._read_state(reasons)
@@ -540,8 +489,7 @@ class Engine:
 
     def _write_sync(self, disk: dict[str, Stat | None], full: bool, report: SyncReport, progress: ProgressFn | None) -> None:
         self._refresh_state(report.reasons)
-        assert self._state is not None
-        if self._switch_model:
+        if self.state.model_switch:
             self._adopt_model(report)
         work = self._work_list(disk, full)
         plans: list[_Plan] = []
@@ -550,7 +498,7 @@ class Engine:
             if stat is None:
                 removed.append(path)
             else:
-                plans.append(self._plan(path, stat, self._state.get(path)))
+                plans.append(self._plan(path, stat, self.state.files.get(path)))
             if progress and (i % 100 == 0 or i == len(work)):
                 progress("read", i, len(work))
         adding = [p.record for p in plans if p.chunks]
@@ -570,22 +518,22 @@ class Engine:
 
     def _adopt_model(self, report: SyncReport) -> None:
         """state.json names another model: prove ours loads before dropping a single old vector, then re-embed all."""
-        old = self._state_meta.get("params", {}).get("model")
+        old = self.state.stored_model
         self.embedder.embed_query("model check")  # raises ModelUnavailableError: nothing is dropped
         with self._locked():
             self._refresh_state(report.reasons)
-            if not self._switch_model:
+            if not self.state.model_switch:
                 return  # another process switched meanwhile
             self._commit_state(segments=())
             self.store.clear()
             self.store.load(())
-            self._switch_model = False
+            self.state.model_switch = False
         report.reasons.append(f"embedding model changed from {old!r} to {self.params['model']!r}: re-embedding every chunk")
 
     def _work_list(self, disk: dict[str, Stat | None], full: bool) -> list[tuple[str, Stat | None]]:
-        if full and not self._state_rework and disk == self._state_stats:
+        if full and not self.state.rework and disk == self.state.stats:
             return []  # the common case before a search: one dict comparison instead of a loop over every note
-        state = self._state or {}
+        state = self.state.files
         work: list[tuple[str, Stat | None]] = []
         for path, stat in disk.items():
             old = state.get(path)
@@ -660,7 +608,7 @@ class Engine:
         done: list[_Plan] = []
         with self._locked():
             self._refresh_state(report.reasons)
-            state = dict(self._state or {})  # applied to self._state only once the batch is committed
+            state = dict(self.state.files)  # adopted before the commit; a failed commit makes it re-read
             stale: set[str] = set()
             for plan in batch:
                 cur = state.get(plan.path)
@@ -688,7 +636,7 @@ class Engine:
                     details.append((path, "removed"))
             live = {content_of(cid) for r in state.values() for cid in r.chunks}
             report.chunks_deleted += len(stale)
-            self._set_state(state)
+            self.state.adopt(state)
             try:
                 report.chunks_reused += sum(1 for p in done for c in p.chunks if c.content in self.store)
                 segments = self.store.compacted(live) if stale else None
@@ -716,15 +664,15 @@ class Engine:
         """
         if force or not self._segments_swept:
             self._segments_swept = True
-            self.store.remove_unlisted(self._state_meta.get("segments", ()))
+            self.store.remove_unlisted(self.state.segments)
 
     # ---- vectors: chunks without one get embedded ---------------------------------------------------------------
 
     def _pending_contents(self) -> list[str]:
         """Content hashes that state.json's chunks reference and the store lacks (cached per state and segments)."""
-        key = (self._state_id, self.store.segments, len(self.store))
+        key = (self.state.version, self.store.segments, len(self.store))
         if self._pending[0] != key:
-            state = self._state or {}
+            state = self.state.files
             self._pending = (key, self.store.missing(content_of(cid) for r in state.values() for cid in r.chunks))
         return self._pending[1]
 
@@ -792,7 +740,7 @@ class Engine:
             report.chunks_embedded += len(vectors)
             with self._locked():
                 self._refresh_state(report.reasons)
-                if self._switch_model:
+                if self.state.model_switch:
                     return  # another process moved the index to another model: these vectors are not wanted
                 self._sweep_segments()
                 segments = self.store.write_segment(dict(zip(texts, vectors)))
@@ -810,7 +758,7 @@ class Engine:
         may have failed, e.g. while a Chroma server was away)."""
         with self._locked():
             self._refresh_state([])
-            live = {content_of(cid) for r in (self._state or {}).values() for cid in r.chunks}
+            live = {content_of(cid) for r in self.state.files.values() for cid in r.chunks}
             segments = self.store.compacted(live)
             if segments is not None:
                 self._commit_state(segments)
@@ -839,7 +787,7 @@ class Engine:
             self._refresh_state([] if report.committed else report.reasons)
         except KBError as e:
             report.reasons.append(str(e))
-        state = self._state or {}
+        state = self.state.files
         view = self.view
         with self.mutex:
             if full and disk == view.stat_map():  # nothing differs: the no-change fast path

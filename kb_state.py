@@ -317,3 +317,101 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class IndexState:
+    """This process's copy of state.json, the commit point: every note's record and the index's metadata (its
+    parameters, generation and the vector segments it names), and whether the file is still the one this process
+    read or wrote. A writer commits while it holds the index's FileLock; `lock` lets this process's threads re-read
+    it one at a time.
+
+    Example: state = IndexState(path, params); state.read(reasons, ("chunk_tokens",)); state.files["inbox.md"].md5
+    """
+
+    def __init__(self, path: Path, params: dict[str, Any]) -> None:
+        self.path = path
+        self.params = params
+        self.files: dict[str, FileRecord] = {}
+        self.stats: dict[str, tuple[int, int, int, int]] = {}  # path -> change signature: the no-change fast path
+        self.rework = False  # some record must be re-read (its chunking parameters changed)
+        self.meta: dict[str, Any] = {}  # everything but the records: params, generation, segments
+        self.model_switch = False  # state.json names another model: check ours loads, then re-embed everything
+        self.loaded = False  # False until the first read
+        self.version = 0  # counts every change of what this copy holds (caches derived from it compare it)
+        self.lock = threading.RLock()
+        self._identity: tuple[int, int, int] | None = None  # file_identity at the last read or commit
+        self._stale = False  # True after a failed commit: re-read even when state.json looks unchanged (or absent)
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """The vector segments state.json names."""
+        return tuple(self.meta.get("segments", ()))
+
+    @property
+    def stored_model(self) -> str | None:
+        return self.meta.get("params", {}).get("model")
+
+    def is_current(self) -> bool:
+        """True while state.json is the file this process last read or wrote (no other process committed since)."""
+        return self.loaded and not self._stale and file_identity(self.path) == self._identity
+
+    def forget(self) -> None:
+        """Make `is_current` False until the next read or commit: what this process holds may not be what state.json
+        says."""
+        self._stale = True
+        self.version += 1
+
+    def read(self, reasons: list[str], chunk_params: tuple[str, ...]) -> None:
+        """Load state.json. A record indexed with other `chunk_params` than ours is marked for a re-read; an unusable
+        file is treated as empty; each is said in `reasons`."""
+        self._identity = file_identity(self.path)
+        self.loaded, self._stale = True, False
+        try:
+            data = read_state_file(self.path)
+        except ValueError as e:
+            reasons.append(f"state file {self.path} is unusable ({e}); re-indexing from the notes (vectors are re-embedded)")
+            data = None
+        if data is None:
+            self.clear()
+            return
+        files: dict[str, FileRecord] = data.pop("files")
+        old = data.get("params", {})
+        self.model_switch = old.get("model") != self.params["model"]
+        changed = [k for k in chunk_params if old.get(k) != self.params[k]]
+        if changed:
+            changes = ", ".join(f"{k} {old.get(k)} -> {self.params[k]}" for k in changed)
+            reasons.append(f"chunking changed ({changes}): re-chunking every note; vectors of unchanged text are reused")
+            files = {p: replace(r, md5="") for p, r in files.items()}  # md5 "" forces a re-read
+        self.adopt(files)
+        self.meta = data
+
+    def clear(self) -> None:
+        """No records and no segments (a rebuild, an unusable file); the generation counts on."""
+        self.adopt({})
+        self.meta = {"generation": self.meta.get("generation", 0)}
+        self.model_switch = False
+
+    def adopt(self, files: dict[str, FileRecord]) -> None:
+        """Take a new table of records (committed by `commit`)."""
+        self.files = files
+        self.version += 1
+        self.stats = {p: r.stat for p, r in files.items()}
+        self.rework = any(not (r.md5 or r.skipped) for r in files.values())
+
+    def commit(self, segments: tuple[str, ...] | list[str] | None, loaded_segments: tuple[str, ...]) -> None:
+        """Replace state.json with the records held. `segments` replaces the list of vector segments it names; None
+        keeps the list, or names `loaded_segments` (what the store holds) when the file named none yet."""
+        meta = dict(self.meta, params=self.params, generation=int(self.meta.get("generation", 0)) + 1)
+        if segments is not None:
+            meta["segments"] = list(segments)
+        meta.setdefault("segments", list(loaded_segments))
+        try:
+            write_state_file(self.path, meta, self.files)
+        except BaseException:
+            # Not committed (a full disk, a quota, a kill): what this process holds is not the index; the next sync
+            # reads state.json again and redoes what it lacks, instead of taking its own uncommitted records as done.
+            self.forget()
+            raise
+        self.meta = meta
+        self.version += 1
+        self._identity, self._stale = file_identity(self.path), False

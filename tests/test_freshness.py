@@ -337,12 +337,12 @@ def test_two_servers_on_two_vaults_under_one_data_dir_share_nothing(tmp_path):
 def test_a_full_index_disk_leaves_the_server_answering_and_index_status_says_why(kb, small_vault, monkeypatch):
     import errno
 
-    import kb_engine
+    import kb_state
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(kb_engine, "write_state_file", full)  # state.json, the commit point, cannot be written
+    monkeypatch.setattr(kb_state, "write_state_file", full)  # state.json, the commit point, cannot be written
     _after_event(kb, lambda: _edit_in_place(small_vault))
     text, data = kb.search("PostgreSQL ledger", mode="keyword")  # answers from what was indexed
     assert [h["path"] for h in data["hits"]][:1] == ["projects/alpha.md"]

@@ -598,6 +598,7 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
     import errno
 
     import kb_files
+    import kb_state
 
     monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
@@ -606,7 +607,7 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(kb_files, "atomic_write_bytes", full)
-    monkeypatch.setattr(kb_engine, "write_state_file", full)
+    monkeypatch.setattr(kb_state, "write_state_file", full)
     assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 1
     err = capsys.readouterr().err
     assert "is full" in err and "Nothing already indexed was lost" in err and "Traceback" not in err
