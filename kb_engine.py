@@ -365,9 +365,10 @@ class Engine:
             self._scan_skipped = dict(getattr(disk, "skipped", {}))  # names no note can have, FIFOs, broken links
             self._hold_mass_deletion(disk, report)
         committed = False
+        planned: dict[str, _Plan] = {}  # the notes this sync committed, as chunked: the view takes them as they are
         if write:
             try:
-                self._write_sync(disk, full, report, progress)
+                self._write_sync(disk, full, report, progress, planned)
                 committed = True
             except ModelUnavailableError as e:
                 self._model_failed(e)
@@ -375,7 +376,7 @@ class Engine:
                 report.lock_timeout = True
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
         report.committed = committed
-        self._reconcile_view(disk, full, report)
+        self._reconcile_view(disk, full, report, planned)
         if committed and embed_limit != 0:
             try:
                 pending = self._pending_contents()
@@ -487,7 +488,10 @@ class Engine:
 
     # ---- the writer: notes -> state.json ----------------------------------------------------------------------------
 
-    def _write_sync(self, disk: dict[str, Stat | None], full: bool, report: SyncReport, progress: ProgressFn | None) -> None:
+    def _write_sync(
+        self, disk: dict[str, Stat | None], full: bool, report: SyncReport, progress: ProgressFn | None, planned: dict[str, _Plan]
+    ) -> None:
+        """Commit what the notes say to state.json, in batches; each committed note's plan goes into `planned`."""
         self._refresh_state(report.reasons)
         if self.state.model_switch:
             self._adopt_model(report)
@@ -511,10 +515,10 @@ class Engine:
             batch.append(plan)
             size += len(plan.chunks)
             if size >= COMMIT_CHUNKS or n == len(plans):
-                self._commit_batch(batch, removed if n == len(plans) else [], report)
+                self._commit_batch(batch, removed if n == len(plans) else [], report, planned)
                 batch, size = [], 0
         if not plans and removed:
-            self._commit_batch([], removed, report)
+            self._commit_batch([], removed, report, planned)
 
     def _adopt_model(self, report: SyncReport) -> None:
         """state.json names another model: prove ours loads before dropping a single old vector, then re-embed all."""
@@ -601,8 +605,9 @@ class Engine:
         )
         return _Plan(path, record, chunks)
 
-    def _commit_batch(self, batch: list[_Plan], removed: list[str], report: SyncReport) -> None:
-        """Commit one batch of notes' records to state.json under the inter-process lock (no embedding here)."""
+    def _commit_batch(self, batch: list[_Plan], removed: list[str], report: SyncReport, planned: dict[str, _Plan]) -> None:
+        """Commit one batch of notes' records to state.json under the inter-process lock (no embedding here); the
+        committed plans go into `planned` (the view takes them in _reconcile_view, the one way into the view)."""
         counts: dict[str, int] = {"added": 0, "changed": 0, "removed": 0, "touched": 0, "skipped": 0}
         details: list[tuple[str, str]] = []
         done: list[_Plan] = []
@@ -650,11 +655,7 @@ class Engine:
         for kind, n in counts.items():
             setattr(report, kind, getattr(report, kind) + n)
         report.details.extend(details)
-        with self.mutex:
-            for plan in done:
-                self.view.put(plan.path, plan.record, plan.chunks)
-            for path in removed:
-                self.view.put(path, None, ())
+        planned.update((plan.path, plan) for plan in done)
 
     def _sweep_segments(self, force: bool = False) -> None:
         """Remove segment files state.json does not name (once per process, or after a compaction).
@@ -781,8 +782,10 @@ class Engine:
     def _view_params(self) -> dict[str, Any]:
         return {k: v for k, v in self.params.items() if k != "model"}
 
-    def _reconcile_view(self, disk: dict[str, Stat | None], full: bool, report: SyncReport) -> None:
-        """Make this process's view match the notes: take records another process committed, re-chunk the rest."""
+    def _reconcile_view(self, disk: dict[str, Stat | None], full: bool, report: SyncReport, planned: dict[str, _Plan]) -> None:
+        """Make this process's view match the notes, the one way notes enter it: what this sync committed as it was
+        chunked (`planned`), a new stat where the text is unchanged, and the rest (another process's commits, a sync
+        that could not write) chunked here."""
         try:
             self._refresh_state([] if report.committed else report.reasons)
         except KBError as e:
@@ -806,6 +809,7 @@ class Engine:
                 if not report.committed:
                     report.removed += 1
         plans: list[tuple[_Plan, FileRecord | None]] = []
+        fresh: list[FileRecord] = []  # records chunked here, whose titles the tokenizer has not learnt yet
         for path, stat in todo:
             mine = view.files.get(path)
             shared = state.get(path)
@@ -813,10 +817,14 @@ class Engine:
                 with self.mutex:
                     view.set_record(path, mine.with_stat(stat))
                 continue
-            plans.append((self._plan(path, stat, mine), mine))
+            plan = planned.get(path)
+            if plan is None or plan.record != shared or plan.record.stat != stat:
+                plan = self._plan(path, stat, mine)
+                fresh.append(plan.record)
+            plans.append((plan, mine))
         with self.mutex:
-            if plans:
-                view.refresh_user_terms(adding=[p.record for p, _ in plans if p.chunks])
+            if fresh:
+                view.refresh_user_terms(adding=[r for r in fresh if r.chunks])
             for plan, mine in plans:
                 if plan.touched:
                     view.set_record(plan.path, plan.record)

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from kb_fixtures import REPO_ROOT, make_config
+from kb_fixtures import REPO_ROOT, make_config, write_note
 
 import ingest
 import kb_engine
+import kb_state
 from kb_config import LockTimeoutError, ModelUnavailableError
 from kb_engine import Engine
 from kb_state import FileLock
@@ -598,7 +599,6 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
     import errno
 
     import kb_files
-    import kb_state
 
     monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
@@ -611,3 +611,27 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
     assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 1
     err = capsys.readouterr().err
     assert "is full" in err and "Nothing already indexed was lost" in err and "Traceback" not in err
+
+
+def test_a_sync_chunks_each_changed_note_once_and_the_view_takes_what_was_committed(small_vault, make_engine, monkeypatch):
+    """One way into the view: the notes a sync commits enter the view as they were chunked for the commit, not
+    chunked a second time by the view's reconcile step."""
+    engine = make_engine(small_vault)
+    engine.sync_all()
+    calls: list[str] = []
+    real = kb_engine.chunk_note
+
+    def counting(text, *args, **kwargs):
+        calls.append(text[:20])
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(kb_engine, "chunk_note", counting)
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- a fresh okapi line\n", encoding="utf-8")
+    write_note(small_vault, "new/fresh.md", "# Fresh\n\nA brand new note about quokkas.\n")
+    report = engine.sync_all()
+    assert (report.added, report.changed) == (1, 1)
+    assert len(calls) == 2
+    state = kb_state.read_state_file(engine.state_path)
+    assert state is not None
+    assert {p: r.chunks for p, r in state["files"].items()} == {p: r.chunks for p, r in engine.view.files.items()}
+    assert any("quokkas" in c.text for c in engine.view.chunks.values())
