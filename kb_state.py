@@ -1,5 +1,5 @@
-"""The index's records and files on disk: per-note and per-chunk records, the sync report, state.json,
-the inter-process lock and atomic writes. Imports: kb_config, kb_files.
+"""The index's records and files on disk: per-note and per-chunk records, the sync report, state.json and this
+process's copy of it (IndexState), the inter-process lock and atomic writes. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations
