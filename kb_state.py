@@ -386,7 +386,7 @@ class IndexState:
         self.meta = data
 
     def clear(self) -> None:
-        """No records and no segments (a rebuild, an unusable file); the generation counts on."""
+        """No records and no segments (no state.json yet, or an unusable one); the generation counts on."""
         self.adopt({})
         self.meta = {"generation": self.meta.get("generation", 0)}
         self.model_switch = False
