@@ -88,10 +88,14 @@ def test_soak_judges_private_memory_growth_after_warm_up_only(faults_modules):
     leaking = rows([100] * 20 + [115] * 20)  # +15% after warm-up
     # A memory-mapped model paging in rows: all resident memory +25%, private memory flat.
     paging = rows([100] * 40, [40] * 20 + [90] * 20)
+    # One thread started once after warm-up (7 -> 8, +14%) is not growth; threads piling up (7 -> 9) are.
+    one_more_thread = [dict(r, threads=7 if i < 20 else 8) for i, r in enumerate(rows([100] * 40))]
+    thread_leak = [dict(r, threads=7 if i < 20 else 9) for i, r in enumerate(rows([100] * 40))]
     res = faults_report.PartResult("soak")
     samples = {"flat": flat, "leaking": leaking, "paging": paging, "short": rows([100, 200])}
+    samples |= {"one_more_thread": one_more_thread, "thread_leak": thread_leak}
     faults_soak.judge_growth(res, samples, 40.0, 1.0)
-    assert [f.case for f in res.findings] == ["leaking: rss_anon_kb over the soak"]
+    assert [f.case for f in res.findings] == ["leaking: rss_anon_kb over the soak", "thread_leak: threads over the soak"]
     figures = res.figures["resources"]
     assert figures["flat"]["rss_anon_kb"]["growth"] == 0.05
     assert figures["paging"]["rss_kb"]["growth"] == 0.357 and figures["paging"]["rss_file_kb"]["growth"] == 1.25
