@@ -445,8 +445,7 @@ class Engine:
     def _rebuild(self, report: SyncReport) -> None:
         with self._locked():
             self.cfg.bm25_index_file.unlink(missing_ok=True)
-            self.state.adopt({})
-            self.state.meta = {"generation": self.state.meta.get("generation", 0)}
+            self.state.clear()
             self._commit_state(segments=())
             self.store.clear()
             self.store.load(())
@@ -471,7 +470,7 @@ class Engine:
 
     def _commit_state(self, segments: Sequence[str] | None = None) -> None:
         """Replace state.json (the commit point); `segments` replaces the list of vector segments it names."""
-        self.state.commit(None if segments is None else tuple(segments), self.store.segments)
+        self.state.commit(segments, self.store.segments)
 
     def _refresh_state(self, reasons: list[str]) -> bool:
         """Re-read state.json if another process replaced it; True if it did."""
@@ -818,7 +817,7 @@ class Engine:
                     view.set_record(path, mine.with_stat(stat))
                 continue
             plan = planned.get(path)
-            if plan is None or plan.record != shared or plan.record.stat != stat:
+            if plan is None or plan.record != shared:  # another process committed this note since
                 plan = self._plan(path, stat, mine)
                 fresh.append(plan.record)
             plans.append((plan, mine))

@@ -9,7 +9,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -386,7 +386,7 @@ class IndexState:
         self.meta = data
 
     def clear(self) -> None:
-        """No records and no segments (no state.json yet, or an unusable one); the generation counts on."""
+        """No records and no segments (no state.json yet, an unusable one, a rebuild); the generation counts on."""
         self.adopt({})
         self.meta = {"generation": self.meta.get("generation", 0)}
         self.model_switch = False
@@ -398,7 +398,7 @@ class IndexState:
         self.stats = {p: r.stat for p, r in files.items()}
         self.rework = any(not (r.md5 or r.skipped) for r in files.values())
 
-    def commit(self, segments: tuple[str, ...] | list[str] | None, loaded_segments: tuple[str, ...]) -> None:
+    def commit(self, segments: Sequence[str] | None, loaded_segments: Sequence[str]) -> None:
         """Replace state.json with the records held. `segments` replaces the list of vector segments it names; None
         keeps the list, or names `loaded_segments` (what the store holds) when the file named none yet."""
         meta = dict(self.meta, params=self.params, generation=int(self.meta.get("generation", 0)) + 1)
