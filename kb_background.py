@@ -199,27 +199,35 @@ class Background:
         todo = [p for p, chunks in records.items() if p not in cache or cache[p][0] != chunks or cache[p][1] is None]
         if todo:
             stored = engine.vectors.arrays([c for p in todo for c in records[p]])
-            for p in todo:
+            block: np.ndarray | None = None  # the new vectors in one allocation (thousands of small ones fragment the heap)
+            for j, p in enumerate(todo):
                 rows = [stored[c][slots] for c in records[p] if c in stored]
                 vec = None
                 if rows:
                     m = np.mean(rows, axis=0)
-                    vec = (m / max(float(np.linalg.norm(m)), COSINE_EPSILON)).astype(np.float32)
+                    if block is None:
+                        block = np.empty((len(todo), len(m)), dtype=np.float32)
+                    block[j] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)
+                    vec = block[j]
                 # the note's language: that of most of its chunks
                 langs = [self._is_cjk(c) for c in engine.view.chunks_by_id(records[p])]
                 cache[p] = (records[p], vec, 2 * sum(langs) > len(langs))
         for p in [p for p in cache if p not in records]:
             del cache[p]
-        paths = [p for p in records if p in cache and cache[p][1] is not None]
+        # One copy of the vectors: the notes grouped by language (each language's own order kept, for "the first of
+        # equals"), so each language's rows are a slice of the matrix, and the cache keeps views of its rows.
+        paths = sorted((p for p in records if p in cache and cache[p][1] is not None), key=lambda p: cache[p][2])
         if not paths:
             return None
         matrix = np.stack([cache[p][1] for p in paths])
         cjk = np.fromiter((cache[p][2] for p in paths), dtype=bool, count=len(paths))
+        for i, p in enumerate(paths):
+            cache[p] = (cache[p][0], matrix[i], cache[p][2])
         by_language = {}
         for lang in (False, True):
             rows = np.flatnonzero(cjk == lang)
             if len(rows):
-                by_language[lang] = (rows, np.ascontiguousarray(matrix[rows]))
+                by_language[lang] = (rows, matrix[rows[0] : rows[-1] + 1])
         out = _NoteMatrix(paths, {p: i for i, p in enumerate(paths)}, matrix, cjk, by_language)
         self._notes = (key, out)
         return out

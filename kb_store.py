@@ -95,7 +95,17 @@ class VectorStore:
             row: dict[str, int] = {}
             for i, k in enumerate(keys):
                 row[k] = i  # a later segment's copy of the same text wins; either vector is the same model's
-            self._matrix = np.concatenate(parts) if parts and dims else np.zeros((0, 0), dtype=DTYPE)
+            if not dims:
+                matrix = np.zeros((0, 0), dtype=DTYPE)
+            else:
+                matrix = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            # One copy of every vector: each cached segment becomes a view of the matrix (its own array is freed).
+            start = 0
+            for n in names:
+                k = loaded[n][0]
+                loaded[n] = (k, matrix[start : start + len(k)] if dims else loaded[n][1])
+                start += len(k)
+            self._matrix = matrix
             self._keys, self._row, self._segments, self._cache = keys, row, names, loaded
 
     def _read(self, name: str) -> tuple[list[str], np.ndarray]:
