@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +30,11 @@ USER_TERM_FREQ = 2000
 # Longest token kept: a longer run of letters/digits (a hash, a base64 blob) is cut to this prefix, so one
 # hostile run costs bounded index space; 64 keeps a SHA-256 in hex whole.
 MAX_TOKEN_CHARS = 64
+
+# jieba's prefix dictionary is read from its cache once per process (~1 s, 518k entries); every later Tokenizer (a
+# rebuilt engine, a test suite's hundreds) copies it from the first, less the first's vault terms (~30 ms).
+_DICTIONARY_LOCK = threading.Lock()  # held while a dictionary is loaded, copied or given vault terms
+_FIRST_TOKENIZER: dict[object, Tokenizer] = {}  # jieba dictionary (None: the default) -> the tokenizer that read it
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 
@@ -118,6 +124,8 @@ class Tokenizer:
         self.user_terms: frozenset[str] = frozenset()
         self._pending_add: set[str] = set()  # dictionary changes not yet applied to jieba (see _sync_dictionary)
         self._pending_del: set[str] = set()
+        self._undo: dict[str, int | None] = {}  # jieba entries this tokenizer changed -> what they were (None: absent)
+        self._base_total = 0  # jieba's total frequency before this tokenizer's vault terms
         if use_jieba:
             try:
                 import jieba
@@ -150,15 +158,51 @@ class Tokenizer:
         return changed
 
     def _sync_dictionary(self) -> None:
-        """Apply dictionary changes lazily: loading jieba's dictionary costs ~0.7 s, and a no-change sync needs none."""
-        if self._jieba is None or not (self._pending_add or self._pending_del):
+        """Apply dictionary changes lazily: loading jieba's dictionary costs ~1 s, and a no-change sync needs none."""
+        tk = self._jieba
+        if tk is None:
             return
-        for t in self._pending_del:
-            if t not in self.user_terms:
-                self._jieba.del_word(t)
-        for t in self._pending_add:
-            self._jieba.add_word(t, freq=USER_TERM_FREQ)
-        self._pending_add, self._pending_del = set(), set()
+        if not tk.initialized:
+            self._load_dictionary()
+        if not (self._pending_add or self._pending_del):
+            return
+        with _DICTIONARY_LOCK:
+            for t in self._pending_del:
+                if t not in self.user_terms:
+                    self._remember(t)
+                    tk.del_word(t)
+            for t in self._pending_add:
+                self._remember(t)
+                tk.add_word(t, freq=USER_TERM_FREQ)
+            self._pending_add, self._pending_del = set(), set()
+
+    def _remember(self, word: str) -> None:
+        """Note what jieba held for `word` and its prefixes before this tokenizer changes them (add_word sets the word
+        and adds missing prefixes), so a later tokenizer can start from jieba's own dictionary."""
+        freq = self._jieba.FREQ
+        for i in range(1, len(word) + 1):
+            self._undo.setdefault(word[:i], freq.get(word[:i]))
+
+    def _load_dictionary(self) -> None:
+        """jieba's prefix dictionary for this tokenizer: read by jieba (the process's first tokenizer), else copied
+        from the first with its vault terms undone: the same dictionary a fresh read gives, without the second."""
+        tk = self._jieba
+        with _DICTIONARY_LOCK:
+            if tk.initialized:
+                return
+            first = _FIRST_TOKENIZER.get(tk.dictionary)
+            if first is None:
+                tk.initialize()
+                _FIRST_TOKENIZER[tk.dictionary] = self
+            else:
+                freq = dict(first._jieba.FREQ)
+                for word, old in first._undo.items():
+                    if old is None:
+                        freq.pop(word, None)
+                    else:
+                        freq[word] = old
+                tk.FREQ, tk.total, tk.initialized = freq, first._base_total, True
+            self._base_total = tk.total
 
     def _cjk_tokens(self, run: str) -> list[str]:
         if self._jieba is not None:

@@ -417,3 +417,30 @@ def test_tokenize_with_jieba_writes_nothing_to_stdout(capfd: pytest.CaptureFixtu
 )
 def test_cjk_share_reads_the_language_of_the_words_not_of_the_code(text: str, chinese: bool) -> None:
     assert (cjk_share(text) >= 0.5) is chinese
+
+
+# ---- one read of jieba's dictionary per process -----------------------------------------------------------------
+
+
+def test_a_later_tokenizer_copies_jiebas_dictionary_without_the_first_ones_vault_terms(monkeypatch):
+    """Every tokenizer after the process's first starts from jieba's own dictionary, copied (reading jieba's cache
+    again took ~1 s per engine: most of the test suite's time) and without another tokenizer's vault terms."""
+    import jieba
+
+    text = "云仓WMS 项目的米哈游面试复盘和库存同步"
+    first = Tokenizer()
+    first.set_user_terms(["云仓WMS 项目", "米哈游面试复盘"])
+    assert "米哈游面试复盘" in first.tokenize(text)  # its vault terms are in its jieba dictionary
+    reads: list[object] = []
+    real_initialize = jieba.Tokenizer.initialize
+    monkeypatch.setattr(jieba.Tokenizer, "initialize", lambda tk, *a: reads.append(tk) or real_initialize(tk, *a))
+    later = Tokenizer()
+    later.set_user_terms(["库存同步"])
+    tokens = later.tokenize(text)
+    assert reads == []  # copied, not read again
+    assert "米哈游面试复盘" not in tokens and "库存同步" in tokens
+    fresh = jieba.Tokenizer()
+    real_initialize(fresh)
+    plain = Tokenizer()
+    plain.tokenize("预热")
+    assert plain._jieba.FREQ == fresh.FREQ and plain._jieba.total == fresh.total  # exactly what jieba itself reads
