@@ -12,7 +12,7 @@ if str(TESTS_DIR) not in sys.path:
 
 import os  # noqa: E402
 
-from kb_fixtures import make_engine, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
+from kb_fixtures import make_engine, sample_index, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
 
 # Tests never reach Hugging Face: a model that is not on disk must fail fast, not retry over the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -64,6 +64,50 @@ def make_engine(tmp_path: Path) -> Callable[..., object]:
     return build
 
 
+# Generous: ingest.py embeds the sample vault with both real models (~30 s here), maybe beside other suites.
+SAMPLE_INDEX_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="session")
+def sample_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The sample vault and its index with the default models, built by ingest.py once per test run: (vault, data_dir).
+
+    Under pytest-xdist the first worker to ask builds it and the others wait for it (embedding it twice was ~30 s of
+    the suite). Read only: copy it with seed_sample_index.
+    """
+    from kb_state import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's folder, common to its workers
+    root = shared / "sample-index"
+    with FileLock(shared / "sample-index.lock").hold(SAMPLE_INDEX_TIMEOUT_S):
+        if not (root / "built").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(SAMPLE_KB, root / "vault", symlinks=True)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+            env.update(KB_DIR=str(root / "vault"), KB_DATA_DIR=str(root / "data"))
+            proc = subprocess.run(
+                [sys.executable, "ingest.py", "-q"],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=SAMPLE_INDEX_TIMEOUT_S,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            (root / "built").write_text("ok\n", encoding="utf-8")
+    return root / "vault", root / "data"
+
+
+def seed_sample_index(sample_index: tuple[Path, Path], vault: Path, data_dir: Path) -> None:
+    """Copy the built sample index to where an index of `vault` in `data_dir` lives (a copied vault keeps its notes'
+    text, so nothing is embedded again)."""
+    src_vault, src_data = sample_index
+    src = load_config(None, env={"KB_DIR": str(src_vault), "KB_DATA_DIR": str(src_data)}).index_dir
+    dest = load_config(None, env={"KB_DIR": str(vault), "KB_DATA_DIR": str(data_dir)}).index_dir
+    shutil.copytree(src, dest)
+
+
 def write_note(vault: Path, rel: str, text: str) -> None:
     """Write a note at `rel` inside `vault`, creating its folders."""
     (vault / rel).parent.mkdir(parents=True, exist_ok=True)

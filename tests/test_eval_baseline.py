@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "eval"))
 
 import run_eval  # noqa: E402
+from kb_fixtures import seed_sample_index  # noqa: E402
 
 from kb_config import FIELDS  # noqa: E402
 
@@ -21,8 +22,10 @@ ALLOWED_DROP = 0.03
 
 
 @pytest.fixture(scope="module")
-def scores(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def scores(sample_index, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("eval") / "scores.json"
+    # The index ingest.py built of the sample vault (run_eval finds it current: nothing is embedded again).
+    seed_sample_index(sample_index, REPO / "examples" / "sample_kb", out.parent / "index")
     argv = [
         "--kb-dir",
         str(REPO / "examples" / "sample_kb"),

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
-from kb_fixtures import REPO_ROOT, SAMPLE_KB, wait_until
+from kb_fixtures import REPO_ROOT, seed_sample_index, wait_until
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -78,21 +78,13 @@ def _hash_tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample vault and its index, built once with ingest.py (as a user would); copied, never served."""
+def template(sample_index, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample vault and its index (built once per run by ingest.py, as a user would); copied, never served."""
     root = tmp_path_factory.mktemp("template")
     vault = root / "vault"
-    shutil.copytree(SAMPLE_KB, vault, symlinks=True)
-    config = _write_config(root, vault, root / "data")
-    proc = subprocess.run(
-        [sys.executable, "ingest.py", "--config", str(config)],
-        cwd=REPO_ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(sample_index[0], vault, symlinks=True)
+    _write_config(root, vault, root / "data")
+    seed_sample_index(sample_index, vault, root / "data")
     return root
 
 
