@@ -27,7 +27,7 @@ import numpy as np
 
 from kb_chunk import CHUNKER_VERSION, chunk_context, chunk_note, heading_levels
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
-from kb_files import sweep_temp_files
+from kb_files import WordTableFile, sweep_temp_files
 from kb_links import parse_links
 from kb_scan import Stat, is_logseq_graph, note_rel_path, note_stat, read_note_bytes, scan_vault
 from kb_state import (
@@ -46,6 +46,8 @@ from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
 
+# jieba's dictionary as the first tokenizer of a process reads it (kb_files.WordTableFile), in Config.cache_dir.
+JIEBA_TABLE_FILE = "jieba-dictionary.bin"
 # Notes' chunks committed to state.json per lock-hold while reading a big vault (no embedding happens under the lock).
 COMMIT_CHUNKS = 4096
 # Chunks embedded per batch; each batch is one segment and one commit, so a killed ingest loses at most one batch.
@@ -194,7 +196,9 @@ class Engine:
         self.embedder: Embedder = embedder or make_embedder(
             cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size
         )
-        self.tokenizer = tokenizer or Tokenizer(cache_dir=cfg.cache_dir)
+        self.tokenizer = tokenizer or Tokenizer(
+            cache_dir=cfg.cache_dir, word_table=WordTableFile(cfg.cache_dir / JIEBA_TABLE_FILE)
+        )
         self.view = IndexView(self.tokenizer, cfg.metadata_weight)
         self.store = open_vector_store(cfg, self.embedder.name)
         self.vectors = ChunkVectors(self)

@@ -1,16 +1,20 @@
 """The one atomic-write helper (temp file, fsync, rename, fsync of the folder) and the sweep of its leftovers.
 
-Every file the project writes (state.json, the BM25 view, vector segments, appended notes) goes through here.
+Every file the project writes (state.json, the BM25 view, vector segments, appended notes) goes through here; and
+WordTableFile, the cache of jieba's dictionary.
 Imports: nothing from the project.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import sys
 import tempfile
 import time
+from array import array
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -87,3 +91,55 @@ def sweep_temp_files(folder: Path, *, older_than_s: float = STALE_TEMP_S, recurs
     if removed:
         logger.info("removed %d temp files left by an interrupted write in %s", len(removed), folder)
     return removed
+
+
+class WordTableFile:
+    """A word -> count table (jieba's prefix dictionary) in one file: read in ~0.2 s where jieba's own marshal cache
+    takes ~1.2 s here. A cache: written atomically, and any file that does not match is ignored (None) and rewritten.
+
+    Format: a JSON header line (FORMAT, the caller's `key`, total, word count, bytes of words), the words joined by
+    newlines in UTF-8, then the counts as little-endian int64.
+    """
+
+    FORMAT = "kb-word-table-1"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self, key: str) -> tuple[dict[str, int], int] | None:
+        """The table and its total if the file holds one written under `key`, else None (logged when unusable)."""
+        try:
+            with self.path.open("rb") as f:
+                header = json.loads(f.readline())
+                if header.get("format") != self.FORMAT or header.get("key") != key:
+                    return None
+                words = f.read(int(header["words_bytes"])).decode("utf-8").split("\n")
+                counts = array("q")
+                counts.frombytes(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            logger.info("ignoring the word table cache %s (%s: %s); it is rebuilt", self.path, type(e).__name__, e)
+            return None
+        if len(words) != header["count"] or len(counts) != header["count"]:
+            logger.info("ignoring the word table cache %s: it is truncated; it is rebuilt", self.path)
+            return None
+        if sys.byteorder != "little":
+            counts.byteswap()
+        return dict(zip(words, counts.tolist())), int(header["total"])
+
+    def write(self, key: str, table: dict[str, int], total: int) -> None:
+        """Store `table` under `key` (best effort: a cache that cannot be written is logged, not raised)."""
+        words = "\n".join(table)
+        if len(table) and words.count("\n") != len(table) - 1:
+            logger.info("not caching a word table whose words hold newlines")
+            return
+        raw = words.encode("utf-8")
+        counts = array("q", table.values())
+        if sys.byteorder != "little":
+            counts.byteswap()
+        header = {"format": self.FORMAT, "key": key, "total": total, "count": len(table), "words_bytes": len(raw)}
+        try:
+            atomic_write_bytes(self.path, json.dumps(header).encode("utf-8") + b"\n" + raw + counts.tobytes(), durable=False)
+        except OSError as e:
+            logger.info("could not write the word table cache %s: %s", self.path, e)

@@ -14,6 +14,7 @@ import threading
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,27 @@ def content_hash(*parts: str) -> str:
     return h.hexdigest()
 
 
+class WordTable(Protocol):
+    """A file cache of jieba's prefix dictionary (kb_files.WordTableFile): read(key) gives None unless written under key."""
+
+    def read(self, key: str) -> tuple[dict[str, int], int] | None: ...
+
+    def write(self, key: str, table: dict[str, int], total: int) -> None: ...
+
+
+def _dictionary_key(tk: Any) -> str | None:
+    """What jieba's default dictionary is (jieba's version, dict.txt's size and time), or None for another one."""
+    if tk.dictionary is not None:
+        return None
+    import jieba
+
+    try:
+        st = (Path(jieba.__file__).parent / "dict.txt").stat()  # jieba's DEFAULT_DICT_NAME
+    except OSError:
+        return None
+    return f"jieba-{getattr(jieba, '__version__', '?')}-{st.st_size}-{st.st_mtime_ns}"
+
+
 class Tokenizer:
     """BM25 tokenizer for Chinese, English and mixed text; the same instance serves ingest and query.
 
@@ -119,8 +141,9 @@ class Tokenizer:
     identifiers such as `backup-nightly.timer` are kept whole as well as split.
     """
 
-    def __init__(self, use_jieba: bool = True, cache_dir: Path | None = None) -> None:
+    def __init__(self, use_jieba: bool = True, cache_dir: Path | None = None, word_table: WordTable | None = None) -> None:
         self._jieba = None
+        self._word_table = word_table  # where the process's first tokenizer keeps jieba's dictionary (kb_files)
         self.user_terms: frozenset[str] = frozenset()
         self._pending_add: set[str] = set()  # dictionary changes not yet applied to jieba (see _sync_dictionary)
         self._pending_del: set[str] = set()
@@ -192,7 +215,15 @@ class Tokenizer:
                 return
             first = _FIRST_TOKENIZER.get(tk.dictionary)
             if first is None:
-                tk.initialize()
+                key = _dictionary_key(tk)
+                loaded = self._word_table.read(key) if self._word_table is not None and key else None
+                if loaded is not None:
+                    tk.FREQ, tk.total = loaded
+                    tk.initialized = True
+                else:
+                    tk.initialize()
+                    if self._word_table is not None and key:
+                        self._word_table.write(key, tk.FREQ, tk.total)
                 _FIRST_TOKENIZER[tk.dictionary] = self
             else:
                 freq = dict(first._jieba.FREQ)
