@@ -225,6 +225,7 @@ class Engine:
         self._file_lock = FileLock(cfg.index_dir / "lock")  # one writer at a time across processes
         self._embed_claim = FileLock(cfg.index_dir / "embed.lock")  # one embedding run at a time across processes
         self._view_loaded = False
+        self._vectors_deferred = False  # defer_vectors: the segments state.json names are not loaded yet
         self._swept = False
         self.state = IndexState(self.state_path, self.params)  # state.json as this process last read or wrote it
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
@@ -270,7 +271,10 @@ class Engine:
 
     @property
     def pending_vectors(self) -> int:
-        """Chunks committed to the index that have no vector yet (being embedded, or waiting for the model)."""
+        """Chunks committed to the index that have no vector yet (being embedded, or waiting for the model); 0 until
+        load_vectors when deferred (not known yet)."""
+        if self._vectors_deferred:
+            return 0
         try:
             return len(self._pending_contents())
         except VectorStoreUnavailableError:
@@ -371,6 +375,7 @@ class Engine:
         committed = False
         planned: dict[str, _Plan] = {}  # the notes this sync committed, as chunked: the view takes them as they are
         if write:
+            self.load_vectors()  # a commit names the segments, and reuse by content looks vectors up
             try:
                 self._write_sync(disk, full, report, progress, planned)
                 committed = True
@@ -447,6 +452,7 @@ class Engine:
         return out
 
     def _rebuild(self, report: SyncReport) -> None:
+        self._vectors_deferred = False  # cleared below
         with self._locked():
             self.cfg.bm25_index_file.unlink(missing_ok=True)
             self.state.clear()
@@ -461,10 +467,31 @@ class Engine:
 
     # ---- state.json ---------------------------------------------------------------------------------------------
 
+    def defer_vectors(self) -> None:
+        """Leave the vector segments unloaded until load_vectors: a server's first keyword answer needs the view only
+        (loading tldr's segments took 0.5-1.4 s of it). Every write and every embedding loads them first."""
+        self._vectors_deferred = True
+
+    def load_vectors(self) -> None:
+        """Load the segments state.json names if defer_vectors left them for later; a no-op otherwise."""
+        for _ in range(STATE_RETRIES):
+            with self.state.lock:
+                if not self._vectors_deferred:
+                    return
+                try:
+                    if not self.state.model_switch:
+                        self.store.load(self.state.segments)
+                    self._vectors_deferred = False
+                    return
+                except FileNotFoundError:
+                    self.state.forget()  # compacted by another process since we read state.json: read it again
+            self._refresh_state([])
+        raise KBError(f"the index at {self.cfg.index_dir} keeps changing under this process; try again")
+
     def _read_state(self, reasons: list[str]) -> None:
-        """Load state.json and, unless it names another model, the vector segments it names."""
+        """Load state.json and, unless it names another model (or defer_vectors), the vector segments it names."""
         self.state.read(reasons, CHUNK_PARAMS)
-        if not self.state.model_switch:
+        if not self.state.model_switch and not self._vectors_deferred:
             try:
                 self.store.load(self.state.segments)
             except FileNotFoundError:
@@ -474,6 +501,9 @@ class Engine:
 
     def _commit_state(self, segments: Sequence[str] | None = None) -> None:
         """Replace state.json (the commit point); `segments` replaces the list of vector segments it names."""
+        # Defense in depth: a store that never loaded would commit an empty segment list and orphan every vector.
+        if self._vectors_deferred:
+            raise RuntimeError("state.json commit before the vector segments were loaded (Engine.load_vectors)")
         self.state.commit(segments, self.store.segments)
 
     def _refresh_state(self, reasons: list[str]) -> bool:
@@ -699,6 +729,7 @@ class Engine:
         the chunks stay pending for the next sync)."""
         if self.model_error is not None:
             return
+        self.load_vectors()  # what has a vector already
         try:
             self._embed(report, progress, wait=wait)
         except ModelUnavailableError as e:

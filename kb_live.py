@@ -151,6 +151,7 @@ class LiveIndex:
             self.model_ready.set()
             return
         engine = self.engine
+        engine.defer_vectors()  # the first keyword answer needs the view only; the segments load with the model
         self._start_watching()  # before the first walk, so no edit made during it is missed
         try:
             engine.sync_all(write=False)  # the keyword view, current with the notes: all a first answer needs
@@ -161,6 +162,10 @@ class LiveIndex:
             engine.view.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
         finally:
             self._view_ready.set()
+        try:
+            engine.load_vectors()
+        except Exception:
+            logger.exception("loading the vector segments failed; the next sync retries")
         load_model(engine)
         try:
             self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search

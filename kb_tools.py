@@ -321,6 +321,7 @@ class KnowledgeBase:
         self.live.ensure_fresh()
         engine = self.live.ready_engine()
         rep = engine.last_report
+        engine.load_vectors()  # a server may not have them yet (the first answer needs the keyword view only)
         pending = engine.pending_vectors
         notes, chunks = engine.view.size()
         info = {

@@ -307,6 +307,34 @@ def test_second_process_sees_first_process_writes_without_embedding(small_vault,
     assert hits and b.chunks[hits[0][0]].path == "inbox.md"
 
 
+def test_a_server_answers_before_its_vectors_load_and_loads_them_before_any_write(small_vault, make_engine):
+    """defer_vectors (a server's start-up): the first sync reads the view only; an edit committed before load_vectors
+    loads the segments first, so state.json keeps naming every vector and nothing is embedded again."""
+    from kb_search import Searcher
+
+    a = make_engine(small_vault, HashEmbedder())
+    a.sync_all()
+    segments, vectors = a.state.segments, len(a.store)
+    emb = HashEmbedder()
+    server = make_engine(small_vault, emb)
+    server.defer_vectors()
+    server.sync_all(write=False)
+    assert len(server.store) == 0 and server.pending_vectors == 0  # not loaded, and not counted as missing
+    assert Searcher(server).search("PostgreSQL ledger", mode="keyword").hits[0].path == "projects/alpha.md"
+    (small_vault / "笔记.md").unlink()  # a commit with nothing to embed: it alone names the segments
+    server.apply_file_changes(["笔记.md"])
+    assert set(server.state.segments) == set(segments) and len(server.store) == vectors and emb.embedded == 0
+    (small_vault / "inbox.md").write_text("# Inbox\n\n- zanzibar ferry schedule\n", encoding="utf-8")
+    report = server.apply_file_changes(["inbox.md"])
+    assert report.chunks_embedded == emb.embedded == 1 and server.pending_vectors == 0
+    fresh_embedder = HashEmbedder()
+    fresh = make_engine(small_vault, fresh_embedder)
+    fresh.sync_all()  # what the next process reads: every vector still named
+    assert fresh_embedder.embedded == 0 and fresh.pending_vectors == 0
+    server.load_vectors()  # a no-op once loaded
+    assert len(server.store) == len(fresh.store)
+
+
 def test_sync_reports_lock_timeout_and_keeps_keyword_view_fresh(small_vault, make_engine):
     engine = make_engine(small_vault, lock_timeout_s=0.2)
     engine.sync_all()
