@@ -452,7 +452,7 @@ class Engine:
         return out
 
     def _rebuild(self, report: SyncReport) -> None:
-        self._vectors_deferred = False  # cleared below
+        self._vectors_deferred = False  # the store is emptied below: nothing is left to load
         with self._locked():
             self.cfg.bm25_index_file.unlink(missing_ok=True)
             self.state.clear()

@@ -32,7 +32,8 @@ USER_TERM_FREQ = 2000
 # hostile run costs bounded index space; 64 keeps a SHA-256 in hex whole.
 MAX_TOKEN_CHARS = 64
 
-# jieba's prefix dictionary is read from its cache once per process (~1 s, 518k entries); every later Tokenizer (a
+# jieba's prefix dictionary (518k entries) is read once per process, by its first Tokenizer (from the word table,
+# ~0.3 s, else jieba's own cache, ~1.2 s), which stays registered for the process's life; every later Tokenizer (a
 # rebuilt engine, a test suite's hundreds) copies it from the first, less the first's vault terms (~30 ms).
 _DICTIONARY_LOCK = threading.Lock()  # held while a dictionary is loaded, copied or given vault terms
 _FIRST_TOKENIZER: dict[object, Tokenizer] = {}  # jieba dictionary (None: the default) -> the tokenizer that read it
