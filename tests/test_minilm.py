@@ -3,6 +3,7 @@ input, truncation past 256 tokens) and never imports torch."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import subprocess
@@ -29,6 +30,9 @@ CJK_CHARS_PER_WORD = 2
 MIN_COSINE = 0.9999
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
+# sentence-transformers' vectors of the N_CHUNKS chunks, recorded by `PYTHONPATH=. python tests/test_minilm.py` (float16: its
+# rounding moves a cosine by ~1e-7, far below 1 - MIN_COSINE); queries and edge cases still run it live.
+REFERENCE_FILE = REPO / "tests" / "data" / "minilm_reference.npz"
 QUERIES = [
     "how do I read the logs",
     "怎么看日志",
@@ -107,13 +111,29 @@ def _cosines(a, b) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, reference):
+def _texts_digest(chunks: list[str]) -> str:
+    return hashlib.blake2b("\x00".join(chunks).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _sentence_transformers_vectors(chunks: list[str], request: pytest.FixtureRequest) -> np.ndarray:
+    """sentence-transformers' vectors of `chunks`: as recorded in REFERENCE_FILE for exactly these texts (running it
+    took 22 s of the suite), else computed now."""
+    if REFERENCE_FILE.is_file():
+        with np.load(REFERENCE_FILE, allow_pickle=False) as data:
+            if str(data["digest"]) == _texts_digest(chunks):
+                return np.asarray(data["vectors"], dtype=np.float32)
+    print(f"{REFERENCE_FILE} does not hold these chunks; running sentence-transformers", file=sys.stderr)
+    reference = request.getfixturevalue("reference")
+    return reference.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+
+
+def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
     chunks = _real_chunks()
     lengths = [len(ids) for ids in minilm.load().tokenize(chunks)]
     assert sum(n == MAX_TOKENS for n in lengths) >= 20, "too few chunks exercise truncation"
     assert sum(_is_cjk(c) for c in chunks) >= 50, "too few Chinese chunks"
     ours = minilm.embed_documents(chunks)
-    theirs = reference.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    theirs = _sentence_transformers_vectors(chunks, request)
     assert len(ours) == len(chunks) and all(len(v) == 384 for v in ours)
     cos = _cosines(ours, theirs)
     worst = int(cos.argmin())
@@ -223,3 +243,21 @@ def test_minilm_model_rejects_folder_without_weights_with_next_step(tmp_path):
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(ModelUnavailableError, match=r"model\.safetensors.*reinstall"):
         MiniLMModel(tmp_path)
+
+
+def write_reference() -> None:
+    """Record sentence-transformers' vectors of the N_CHUNKS chunks in REFERENCE_FILE (run after changing them)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(1)
+    chunks = _real_chunks()
+    model = SentenceTransformer(str(bundled_model_path()), device="cpu", local_files_only=True)
+    vectors = model.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    REFERENCE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(REFERENCE_FILE, digest=np.asarray(_texts_digest(chunks)), vectors=vectors.astype(np.float16))
+    print(f"wrote {REFERENCE_FILE}: {len(chunks)} vectors", file=sys.stderr)
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/test_minilm.py
+    write_reference()
