@@ -84,10 +84,12 @@ def sample_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         if not (root / "built").is_file():
             shutil.rmtree(root, ignore_errors=True)
             shutil.copytree(SAMPLE_KB, root / "vault", symlinks=True)
+            # Its own config with the defaults: a developer's config.yaml (another model) must not build it.
+            config = root / "config.yaml"
+            config.write_text(json.dumps({"kb_dir": str(root / "vault"), "data_dir": str(root / "data")}), encoding="utf-8")
             env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-            env.update(KB_DIR=str(root / "vault"), KB_DATA_DIR=str(root / "data"))
             proc = subprocess.run(
-                [sys.executable, "ingest.py", "-q"],
+                [sys.executable, "ingest.py", "--config", str(config), "-q"],
                 cwd=REPO_ROOT,
                 env=env,
                 capture_output=True,
