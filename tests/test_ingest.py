@@ -47,6 +47,14 @@ def assert_consistent(engine: Engine) -> None:
 _assert_consistent = assert_consistent
 
 
+def _blank_config(tmp_path: Path) -> Path:
+    """A config file of defaults for ingest.main runs: without one, a clone's config.yaml is created (or a developer's
+    own, with another model, is used)."""
+    path = tmp_path / "blank-config.yaml"
+    path.write_text("{}\n", encoding="utf-8")
+    return path
+
+
 def test_sync_embeds_nothing_when_unchanged(small_vault, make_engine):
     emb = HashEmbedder()
     engine = make_engine(small_vault, emb)
@@ -613,6 +621,7 @@ def test_sync_removes_a_few_deleted_notes_as_usual(sample_vault, make_engine, tm
 
 def test_ingest_refuses_to_empty_the_index_without_the_flag(sample_vault, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setenv("KB_CONFIG", str(_blank_config(tmp_path)))
     args = ["--kb-dir", str(sample_vault), "-q"]
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
     assert ingest.main(args) == 0
@@ -636,6 +645,7 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
 
     monkeypatch.setattr(kb_files, "atomic_write_bytes", full)
     monkeypatch.setattr(kb_state, "write_state_file", full)
+    monkeypatch.setenv("KB_CONFIG", str(_blank_config(tmp_path)))
     assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 1
     err = capsys.readouterr().err
     assert "is full" in err and "Nothing already indexed was lost" in err and "Traceback" not in err
