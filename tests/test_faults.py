@@ -17,7 +17,7 @@ FAULTS = REPO_ROOT / "eval" / "faults.py"
 PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
 # The soak here is shorter than --quick's (3 minutes) to keep the suite short; still long enough to judge growth.
 SOAK_S = 30
-# Generous for a busy 2-core machine; the quick run itself takes about two minutes here.
+# Generous for a busy 2-core machine; the two runs take about 75 s here (the soak beside the other parts).
 QUICK_TIMEOUT_S = 900
 
 
