@@ -479,25 +479,30 @@ class Engine:
                 if not self._vectors_deferred:
                     return
                 try:
-                    if not self.state.model_switch:
-                        self.store.load(self.state.segments)
+                    self._load_segments()
                     self._vectors_deferred = False
                     return
-                except FileNotFoundError:
-                    self.state.forget()  # compacted by another process since we read state.json: read it again
-            self._refresh_state([])
+                except _Retry:
+                    pass
+            self._refresh_state([])  # deferred still: reads state.json only
         raise KBError(f"the index at {self.cfg.index_dir} keeps changing under this process; try again")
 
     def _read_state(self, reasons: list[str]) -> None:
         """Load state.json and, unless it names another model (or defer_vectors), the vector segments it names."""
         self.state.read(reasons, CHUNK_PARAMS)
-        if not self.state.model_switch and not self._vectors_deferred:
-            try:
-                self.store.load(self.state.segments)
-            except FileNotFoundError:
-                # compacted by another process between our read of state.json and now: its new state names the rest
-                self.state.forget()
-                raise _Retry() from None
+        if not self._vectors_deferred:
+            self._load_segments()
+
+    def _load_segments(self) -> None:
+        """Load the vector segments state.json names (none while it names another model); _Retry if one is gone."""
+        if self.state.model_switch:
+            return
+        try:
+            self.store.load(self.state.segments)
+        except FileNotFoundError:
+            # compacted by another process between our read of state.json and now: its new state names the rest
+            self.state.forget()
+            raise _Retry() from None
 
     def _commit_state(self, segments: Sequence[str] | None = None) -> None:
         """Replace state.json (the commit point); `segments` replaces the list of vector segments it names."""

@@ -116,17 +116,18 @@ class WordTableFile:
                 words = f.read(int(header["words_bytes"])).decode("utf-8").split("\n")
                 counts = array("q")
                 counts.frombytes(f.read())
+            count, total = int(header["count"]), int(header["total"])
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             logger.info("ignoring the word table cache %s (%s: %s); it is rebuilt", self.path, type(e).__name__, e)
             return None
-        if len(words) != header["count"] or len(counts) != header["count"]:
+        if len(words) != count or len(counts) != count:
             logger.info("ignoring the word table cache %s: it is truncated; it is rebuilt", self.path)
             return None
         if sys.byteorder != "little":
             counts.byteswap()
-        return dict(zip(words, counts.tolist())), int(header["total"])
+        return dict(zip(words, counts.tolist())), total
 
     def write(self, key: str, table: dict[str, int], total: int) -> None:
         """Store `table` under `key` (best effort: a cache that cannot be written is logged, not raised)."""

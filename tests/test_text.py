@@ -494,7 +494,8 @@ def test_a_word_table_that_does_not_match_is_ignored_and_rewritten(tmp_path, cap
     assert table.read("k") == ({"仓库": 7, "仓": 0, "a": 2**40}, 2**40 + 7)
     assert table.read("another jieba") is None  # written for another dictionary
     raw = (tmp_path / "table.bin").read_bytes()
-    for broken in (raw[:-3], raw[: raw.index(b"\n") + 2], b"not json\n", b""):
+    header_only = b'{"format": "kb-word-table-1", "key": "k", "words_bytes": 0}\n'  # parses; no count, no total
+    for broken in (raw[:-3], raw[: raw.index(b"\n") + 2], b"not json\n", b"", header_only):
         (tmp_path / "table.bin").write_bytes(broken)
         with caplog.at_level(logging.INFO, logger="kb_files"):
             assert table.read("k") is None, broken[:40]
