@@ -63,6 +63,10 @@ class Tuning:
     # client's alternatives, on average, must hold as much to count as evidence for the gate.
     full_coverage: float = 0.5
     trust_probe: int = 10
+    # A query that passed on its cosines alone (no candidate holds gate_coverage of its words) is still off-topic
+    # when not one of the client's alternatives has this share of its words in one of its first chunks: the client
+    # rewrote the question into the words a note would use, and the vault uses none of them (docs/retrieval.md).
+    alternative_words: float = 0.2
     # A probe at least this CJK is Chinese: an English-only model gets only its Latin words, at `latin_weight`.
     cjk_share: float = 0.3
     latin_weight: float = 0.3
@@ -369,11 +373,16 @@ class Searcher:
         query_lists = [sl for sl in by_model if sl.probe == 0]
         cosines = self._cosines(query_lists, head)
         alt_cov = [probe_cov[p.index] for p in probes[1:]]
-        relevant = named or self._is_relevant(mode, max(coverage.values(), default=0.0), query_lists, excess)
-        if not relevant and alt_cov and mode != "semantic":
-            # The client's alternatives count only through the words they share with a note, on average: their
-            # cosines would let an off-topic question through (each string is one more chance to match by chance).
-            relevant = sum(alt_cov) / len(alt_cov) >= tune.full_coverage
+        query_cov = max(coverage.values(), default=0.0)
+        relevant = named or self._is_relevant(mode, query_cov, query_lists, excess)
+        if alt_cov and mode == "hybrid" and not named:
+            # The client's alternatives count only through the words they share with a note: their cosines would let
+            # an off-topic question through (each string is one more chance to match by chance). Enough shared words
+            # on average make a search relevant; none shared undoes a pass on the query's cosines alone.
+            if not relevant:
+                relevant = sum(alt_cov) / len(alt_cov) >= tune.full_coverage
+            elif query_cov < tune.gate_coverage and max(alt_cov) < tune.alternative_words:
+                relevant = False
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
             mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}

@@ -446,6 +446,20 @@ def test_alternatives_alone_do_not_make_an_offtopic_question_relevant(searcher, 
     assert not on.abstained  # the client's keywords are in a note: evidence
 
 
+def test_alternatives_with_no_word_in_the_vault_undo_a_pass_on_cosines_alone(searcher, monkeypatch):
+    """The client rewrote the question into the words a note would use: when the vault holds none of them, the
+    query's cosines alone (near-miss topics: a sweet-and-sour dish beside a braised-pork recipe) do not answer."""
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=-1e6))  # every cosine passes the gate
+    query = "zebra crossing quantum sourdough"
+    assert not searcher.search(query).abstained  # alone, the query's cosines decide
+    off = searcher.search(query, alternatives=["斑马线 量子 酸面包", "zebra quantum bread"])
+    assert off.abstained and off.low_confidence
+    on = searcher.search(query, alternatives=["zebra quantum bread", "PostgreSQL migration ledger"])
+    assert not on.abstained  # one alternative's words are in a note
+    keyword_pass = searcher.search("PostgreSQL ledger", alternatives=["斑马线 量子 酸面包"])
+    assert not keyword_pass.abstained  # the query's own words vouch: alternatives cannot veto that
+
+
 # ---- exact evidence: an identifier only a few notes hold comes first -------------------------------------------------
 
 
