@@ -484,11 +484,28 @@ def test_an_identifier_many_notes_hold_is_ranked_as_usual(searcher):
         (searcher.cfg.kb_dir / f"common{i}.md").write_text(f"# Common {i}\n\nrelease v2 note {i}\n", encoding="utf-8")
     searcher.engine.sync_all()
     with searcher.engine.mutex:
-        assert searcher._exact_notes(["v2"], None, 5) == []  # twelve notes hold it: more than a reply shows
+        assert searcher._exact_notes(["v2"], None) == []  # twelve notes hold it: more than a reply shows
         # two notes hold it: both, in the keyword order
-        held = searcher._exact_notes(["postgresql"], None, 5)
+        held = searcher._exact_notes(["postgresql"], None)
     keyword = [h.path for h in searcher.search("postgresql", mode="keyword").hits]
     assert sorted(held) == ["daily/2026-01-01.md", "projects/alpha.md"] and held == [p for p in keyword if p in held]
+
+
+def test_the_first_hits_do_not_depend_on_how_many_the_call_asks_for(searcher):
+    """Seven notes mention err-4711 in passing, two are about the failed deploy: asking for 10 hits must start with
+    the same 5 as asking for 5 (the identifier rule once put up to top_k holders first: with 10, the seven)."""
+    root = searcher.cfg.kb_dir
+    for i in range(7):
+        (root / f"log{i}.md").write_text(f"# Log {i}\n\nSaw err-4711 once, nothing else happened.\n", encoding="utf-8")
+    for i in range(2):
+        (root / f"deploy{i}.md").write_text(
+            f"# Deploy {i}\n\nThe deploy failed at the migration step; the failed deploy was rolled back.\n",
+            encoding="utf-8",
+        )
+    searcher.engine.sync_all()
+    five = [h.path for h in searcher.search("deploy failed err-4711", top_k=5).hits]
+    ten = [h.path for h in searcher.search("deploy failed err-4711", top_k=10).hits]
+    assert ten[:5] == five and {"deploy0.md", "deploy1.md"} <= set(five), (five, ten)
 
 
 def test_a_translation_is_found_once_its_vectors_arrive_after_the_first_search(tmp_path, make_engine):
