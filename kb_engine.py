@@ -57,7 +57,8 @@ EMBED_BATCH = 256
 INLINE_EMBED_CHUNKS = 64
 # A vault whose chunk text is at least this share CJK counts as mostly Chinese (English-only model warning).
 CHINESE_VAULT_SHARE = 0.5
-# Chunks sampled to estimate the vault's language.
+# Chunks sampled, evenly spaced over the index, to estimate the vault's language (the first ones alone were one
+# folder: tldr's English pages, so index_status called a vault with 1,535 Chinese pages English-only).
 LANGUAGE_SAMPLE_CHUNKS = 2000
 # A chunk at least this CJK counts as Chinese in the vault's profile (as a search counts a query).
 CHINESE_CHUNK_SHARE = 0.3
@@ -285,7 +286,7 @@ class Engine:
         of) chunks, and the largest top-level folders by notes. Example: {"languages": {"en": 0.62, "zh": 0.38},
         "folders": {"pages": 7425, "pages.zh": 1535}}"""
         with self.mutex:
-            sample = [c.text for c in itertools.islice(self.chunks.values(), LANGUAGE_SAMPLE_CHUNKS)]
+            sample = self._language_sample()
             tops: dict[str, int] = {}
             for p in self.files:
                 top = p.split("/", 1)[0] if "/" in p else "(top level)"
@@ -295,12 +296,17 @@ class Engine:
         largest = dict(sorted(tops.items(), key=lambda kv: (-kv[1], kv[0]))[:folders])
         return {"languages": languages if sample else {}, "folders": largest}
 
+    def _language_sample(self) -> list[str]:
+        """The texts of at most LANGUAGE_SAMPLE_CHUNKS chunks, evenly spaced over the index (under the mutex)."""
+        step = max(1, -(-len(self.chunks) // LANGUAGE_SAMPLE_CHUNKS))  # ceiling division: at most the sample size
+        return [c.text for c in itertools.islice(self.chunks.values(), 0, None, step)]
+
     def model_warning(self) -> str | None:
         """A warning when the model is English-only and the vault mostly Chinese, naming what to use instead."""
         if not is_english_only(self.embedder.name):
             return None
         with self.mutex:
-            sample = [c.text for c in itertools.islice(self.chunks.values(), LANGUAGE_SAMPLE_CHUNKS)]
+            sample = self._language_sample()
         share = cjk_share("".join(sample))
         if share < CHINESE_VAULT_SHARE:
             return None

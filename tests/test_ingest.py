@@ -673,3 +673,18 @@ def test_a_sync_chunks_each_changed_note_once_and_the_view_takes_what_was_commit
     assert state is not None
     assert {p: r.chunks for p, r in state["files"].items()} == {p: r.chunks for p, r in engine.view.files.items()}
     assert any("quokkas" in c.text for c in engine.view.chunks.values())
+
+
+def test_vault_profile_samples_the_whole_index_not_its_first_folder(tmp_path, make_engine, monkeypatch):
+    """A vault of 30 English pages then 10 Chinese translations (tldr's pages/ and pages.zh/): the profile a client
+    reads to decide whether to translate its question must see both languages, in their shares."""
+    vault = tmp_path / "vault"
+    for i in range(30):
+        write_note(vault, f"a-pages/cmd{i:02}.md", f"# cmd{i}\n\nList the files of a directory, sorted by size {i}.\n")
+    for i in range(10):
+        write_note(vault, f"b-pages.zh/cmd{i:02}.md", f"# cmd{i}\n\n列出目录中的文件，按大小排序，第 {i} 个例子。\n")
+    engine = make_engine(vault, HashEmbedder())
+    engine.sync_all()
+    monkeypatch.setattr(kb_engine, "LANGUAGE_SAMPLE_CHUNKS", 8)  # a big vault: the sample is a small part of it
+    languages = engine.vault_profile()["languages"]
+    assert set(languages) == {"en", "zh"} and 0.15 <= languages["zh"] <= 0.35, languages
