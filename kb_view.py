@@ -6,7 +6,6 @@ Imports: bm25_index, kb_config, kb_links, kb_state, kb_text.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import posixpath
 import re
@@ -312,11 +311,6 @@ class IndexView:
         """Every property key some note has, sorted."""
         with self.mutex:
             return sorted({k for r in self.files.values() for k in r.properties})
-
-    def sample_texts(self, n: int) -> list[str]:
-        """The texts of the first `n` chunks (a language sample)."""
-        with self.mutex:
-            return [c.text for c in itertools.islice(self.chunks.values(), n)]
 
     @property
     def changed_since_save(self) -> bool:
