@@ -67,14 +67,22 @@ HASH_MODEL_NAME = "hash-embedder"
 
 
 def make_embedder(
-    model: str, *, device: str = "auto", batch_size: int = 32, threads: int | None = None, allow_download: bool = False
+    model: str,
+    *,
+    device: str = "auto",
+    batch_size: int = 32,
+    threads: int | None = None,
+    workers: int | None = None,
+    allow_download: bool = False,
 ) -> Embedder:
     """The embedder for an embedding.model value: `use-multilingual`, a sentence-transformers name or folder, or a
     comma-separated list of those (every chunk embedded by each model; search ranks by each model separately).
 
     Nothing is loaded here. The bundled all-MiniLM-L6-v2 runs in numpy (kb_minilm) on the CPU, so the default pair
     never imports torch; on `device` cuda or mps it goes through sentence-transformers. `threads` caps the CPU
-    threads of each model (None: 1 for the numpy models, torch its default);
+    threads of each model (None: 1 for the numpy models, torch its default); `workers` (None: `threads`) is how many
+    threads one batch is split over where a model does that (the bundled MiniLM, each worker with one BLAS thread, so
+    a busy core slows it gracefully, where more BLAS threads spin-wait);
     `allow_download` lets a sentence-transformers model missing here come from Hugging Face (ingest CLI only).
 
     Example: make_embedder("use-multilingual").embed_query("怎么看日志") -> 512 floats.
@@ -93,7 +101,7 @@ def make_embedder(
         elif name in BUNDLED_MODEL_NAMES and device in ("auto", "cpu"):
             from kb_minilm import MiniLMEmbedder  # the bundled MiniLM in numpy: the same vectors, no torch
 
-            parts.append(MiniLMEmbedder(threads=threads, batch_size=batch_size))
+            parts.append(MiniLMEmbedder(threads=workers or threads, batch_size=batch_size))
         else:
             parts.append(SentenceTransformerEmbedder(name, device, batch_size, allow_download, threads))
     return parts[0] if len(parts) == 1 else MultiEmbedder(parts)
