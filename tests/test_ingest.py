@@ -690,9 +690,7 @@ def test_vault_profile_samples_the_whole_index_not_its_first_folder(tmp_path, ma
     assert set(languages) == {"en", "zh"} and 0.15 <= languages["zh"] <= 0.35, languages
 
 
-def test_ingest_splits_the_bundled_minilm_batches_over_every_core_and_keeps_use_at_one_thread(
-    small_vault, tmp_path, monkeypatch
-):
+def test_ingest_splits_the_bundled_minilm_batches_over_every_core_and_keeps_use_at_one_thread(small_vault, tmp_path, monkeypatch):
     """The ingest CLI is a foreground job: the bundled MiniLM splits each batch over every core (15 -> 28 texts/s on
     2 cores), USE keeps one BLAS thread (two made it 2.5x slower with a core busy)."""
     from kb_vectors import make_embedder
