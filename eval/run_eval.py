@@ -246,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         "model and chunking is reused and only brought up to date, so repeated runs on a big vault skip the embedding",
     )
     parser.add_argument(
-        "--threads", type=int, help="CPU threads per embedding model (default: the ingest CLI's; the server uses 1)"
+        "--threads",
+        type=int,
+        help="CPU threads per embedding model (default: the ingest CLI's, the bundled MiniLM on every core and the "
+        "others on one; the server uses 1)",
     )
     parser.add_argument(
         "--config", type=Path, help="take model and search settings from this config (kb_dir/data_dir are replaced)"
@@ -284,10 +287,17 @@ def main(argv: list[str] | None = None) -> int:
             from kb_engine import Engine
         except ImportError:  # the engine's module before its move out of the ingest CLI
             from kb_engine import Engine
+        from ingest import INGEST_WORKERS
         from kb_search import Searcher
         from kb_vectors import make_embedder
 
-        embedder = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, threads=args.threads)
+        embedder = make_embedder(
+            cfg.embed_model,
+            device=cfg.embed_device,
+            batch_size=cfg.embed_batch_size,
+            threads=args.threads,
+            workers=args.threads or INGEST_WORKERS,
+        )
         engine = Engine(cfg, embedder)
         t0 = time.perf_counter()
         sync = engine.sync_all()
