@@ -122,11 +122,12 @@ def build_server(kb: KnowledgeBase) -> Any:
             Field(
                 description=f"Up to {MAX_ALTERNATIVES} other ways to find the same notes (each at most "
                 f"{MAX_ALTERNATIVE_CHARS} characters), searched with `query` and fused with it. Pass them: the question "
-                "translated into the vault's other language (Chinese <-> English: a note may be written in either); the "
-                "key terms or the likely note title as short keywords, in both languages; an exact command, setting, "
-                "file or product name you expect the note to contain. Do not answer the question in them and add no "
-                "facts you are unsure of. Example for '上次 NAS 停电以后发生了什么': ['what happened after the NAS "
-                "power outage', 'NAS 停电 UPS', 'NAS power outage UPS shutdown']",
+                "translated into the vault's other language (Chinese <-> English: a note may be written in either; a "
+                "question that mixes both: once wholly in each); the key terms or the likely note title as short "
+                "keywords, in both languages (one string may hold both); an exact command, setting, file or product "
+                "name you expect the note to contain: it is a search term, so name it even when it is the answer. Add "
+                "no facts you are unsure of (dates, numbers, outcomes). Example for '上次 NAS 停电以后发生了什么': "
+                "['what happened after the NAS power outage', 'NAS 停电 UPS', 'NAS power outage UPS shutdown']",
                 max_length=MAX_ALTERNATIVES,
             ),
         ] = None,
