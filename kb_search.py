@@ -379,13 +379,13 @@ class Searcher:
         alt_cov = [probe_cov[p.index] for p in probes[1:]]
         query_cov = max(coverage.values(), default=0.0)
         relevant = named or self._is_relevant(mode, query_cov, query_lists, excess)
-        if alt_cov and mode == "hybrid" and not named:
+        if alt_cov and mode != "semantic" and not named:
             # The client's alternatives count only through the words they share with a note: their cosines would let
             # an off-topic question through (each string is one more chance to match by chance). Enough shared words
-            # on average make a search relevant; none shared undoes a pass on the query's cosines alone.
+            # on average make a search relevant; none shared undoes a pass on the query's cosines alone (hybrid).
             if not relevant:
                 relevant = sum(alt_cov) / len(alt_cov) >= tune.full_coverage
-            elif query_cov < tune.gate_coverage and max(alt_cov) < tune.alternative_words:
+            elif mode == "hybrid" and query_cov < tune.gate_coverage and max(alt_cov) < tune.alternative_words:
                 relevant = False
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:

@@ -460,6 +460,14 @@ def test_alternatives_with_no_word_in_the_vault_undo_a_pass_on_cosines_alone(sea
     assert not keyword_pass.abstained  # the query's own words vouch: alternatives cannot veto that
 
 
+def test_alternatives_words_make_a_keyword_mode_search_relevant(searcher):
+    """In keyword mode too, the client's words found in a note answer a question whose own words are not there."""
+    plain = searcher.search("zebra crossing quantum sourdough", mode="keyword")
+    assert plain.abstained
+    helped = searcher.search("zebra crossing quantum sourdough", alternatives=["PostgreSQL ledger"], mode="keyword")
+    assert not helped.abstained and helped.hits[0].path == "projects/alpha.md"
+
+
 # ---- exact evidence: an identifier only a few notes hold comes first -------------------------------------------------
 
 
