@@ -48,8 +48,8 @@ def scores(eval_index: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def scores_with_alternatives(eval_index: Path) -> dict:
-    """Hybrid with the client's alternatives (eval/golden_sample_kb_alternatives.jsonl: the shared golden file's copy)."""
-    alternatives = REPO / "eval" / "golden_sample_kb_alternatives.jsonl"
+    """Hybrid with the client's alternatives (eval/alternatives/client1/: the shared golden file's copy)."""
+    alternatives = REPO / "eval" / "alternatives" / "client1" / "golden_sample_kb.jsonl"
     return run_eval_json("--modes", "hybrid", "--alternatives", str(alternatives), "--index-dir", str(eval_index))
 
 
