@@ -1,8 +1,8 @@
 """The vault's background: a fixed random sample of its chunk vectors, against which the relevance gate judges a
 query's best cosine; and its notes as whole-note vectors, from which the translation step pairs a note with its
-translation.
+translation; and each chunk's language (mostly Chinese or not), remembered.
 
-Imports: kb_engine, kb_vectors.
+Reads the index through kb_view's queries only. Imports: kb_text, kb_vectors, kb_view.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import posixpath
 import random
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
 
-from kb_engine import Engine
-from kb_vectors import model_slots
+from kb_text import cjk_share
+from kb_vectors import Embedder, model_slots
+from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ NEAREST_EXCLUDED = 10
 MIN_BACKGROUND = 20
 # Cosine differences below this are float noise (a background of identical cosines has no spread).
 COSINE_EPSILON = 1e-6
+# Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
+CJK_CACHE_CHUNKS = 500_000
 
 # Language markers a translation's file name may carry beside its original's ("setup.zh.md", "setup_en.md").
 _LANGUAGE_SUFFIX_RE = re.compile(r"[._\-](?:zh|cn|en|zh[_\-](?:cn|hans|hant|tw|hk))$", re.I)
@@ -67,30 +70,45 @@ class _NoteMatrix:
 
 
 class Background:
-    """One searcher's background sample of an engine's chunks; `is_cjk(chunk id)` tells a chunk's language."""
+    """One searcher's background sample of an index's chunks, its notes' vectors, and its chunks' languages (a chunk
+    is Chinese when at least `cjk_threshold` of its text is)."""
 
-    def __init__(self, engine: Engine, is_cjk: Callable[[str], bool]) -> None:
-        self.engine = engine
-        self._is_cjk = is_cjk
+    def __init__(self, view: IndexView, embedder: Embedder, cjk_threshold: float) -> None:
+        self.view = view
+        self.embedder = embedder
+        self.cjk_threshold = cjk_threshold
+        self._chunk_cjk: dict[str, bool] = {}
         self._sample: tuple[tuple[str, int], Sample | None] | None = None
         self._lock = threading.Lock()
         self._note_vectors: dict[str, tuple[tuple[str, ...], np.ndarray | None, bool]] = {}  # path -> (chunks, vector, cjk)
         self._notes: tuple[tuple[int, str], _NoteMatrix] | None = None  # (view version, model) -> matrix
 
+    def is_cjk(self, chunk_id: str) -> bool:
+        """Whether a chunk is mostly Chinese (remembered: a chunk id names its text); False once a sync removed it."""
+        known = self._chunk_cjk.get(chunk_id)
+        if known is None:
+            chunk = self.view.chunk(chunk_id)
+            if chunk is None:
+                return False
+            if len(self._chunk_cjk) > CJK_CACHE_CHUNKS:
+                self._chunk_cjk.clear()
+            known = self._chunk_cjk[chunk_id] = cjk_share(chunk.text) >= self.cjk_threshold
+        return known
+
     def vectors(self) -> Sample | None:
         """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
         the number of chunks moved by more than BACKGROUND_REFRESH_SHARE)."""
-        engine = self.engine
-        key = (engine.embedder.name, engine.view.chunk_count())
+        view = self.view
+        key = (self.embedder.name, view.chunk_count())
         cached = self._sample
         if cached is not None and cached[0][0] == key[0]:
             if abs(key[1] - cached[0][1]) <= BACKGROUND_REFRESH_SHARE * cached[0][1]:
                 return cached[1]
-        ids = engine.view.chunk_ids()
+        ids = view.chunk_ids()
         with self._lock:
             sample = random.Random(BACKGROUND_SEED).sample(ids, min(BACKGROUND_SAMPLE, len(ids)))
             try:
-                stored = engine.vectors.arrays(sample)
+                stored = view.vectors_of(sample)
             except Exception as e:  # no background this time: the cosine gate stays closed, keywords still count
                 logger.warning("cannot read background vectors: %s", e)
                 return None
@@ -130,7 +148,7 @@ class Background:
         notes = self._note_matrix(model)
         if notes is None or len(notes.paths) < 2:
             return fused, {}
-        view = self.engine.view
+        view = self.view
         path_of = view.paths_of(cid for cid, _ in fused)  # a sync may have removed some since the fusion
         head: dict[str, str] = {}  # note -> its first chunk in the results
         for cid, _ in fused:
@@ -189,16 +207,16 @@ class Background:
     def _note_matrix(self, model: str) -> _NoteMatrix | None:
         """Every note's vector in `model`'s slots (rebuilt when the view or the vectors changed; a note whose chunks
         and vector are unchanged is reused)."""
-        engine = self.engine
-        key = (engine.view.version, engine.store.segments, model)  # segments: vectors embedded since
+        view = self.view
+        key = (view.vectors_version(), model)  # a note or a vector changed since
         if self._notes is not None and self._notes[0] == key:
             return self._notes[1]
-        records = engine.view.notes_with_chunks()
-        slots, _ = model_slots(engine.embedder, model)
+        records = view.notes_with_chunks()
+        slots, _ = model_slots(self.embedder, model)
         cache = self._note_vectors
         todo = [p for p, chunks in records.items() if p not in cache or cache[p][0] != chunks or cache[p][1] is None]
         if todo:
-            stored = engine.vectors.arrays([c for p in todo for c in records[p]])
+            stored = view.vectors_of([c for p in todo for c in records[p]])
             block: np.ndarray | None = None  # the new vectors in one allocation (thousands of small ones fragment the heap)
             for j, p in enumerate(todo):
                 rows = [stored[c][slots] for c in records[p] if c in stored]
@@ -210,7 +228,7 @@ class Background:
                     block[j] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)
                     vec = block[j]
                 # the note's language: that of most of its chunks
-                langs = [self._is_cjk(c) for c in engine.view.chunks_by_id(records[p])]
+                langs = [self.is_cjk(c) for c in view.chunks_by_id(records[p])]
                 cache[p] = (records[p], vec, 2 * sum(langs) > len(langs))
         for p in [p for p in cache if p not in records]:
             del cache[p]

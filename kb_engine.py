@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kb_chunk import CHUNKER_VERSION, chunk_context, chunk_note, heading_levels
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_files import WordTableFile, sweep_temp_files
@@ -121,75 +119,10 @@ def open_vector_store(cfg: Config, model: str) -> Any:
     return VectorStore(cfg.index_dir)
 
 
-class ChunkVectors:
-    """Vector search in chunk terms over the engine's store and view: what kb_search asks of the vectors."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def query_many(
-        self, vectors: Sequence[Sequence[float]], ns: Sequence[int], paths: Sequence[str] | None = None
-    ) -> list[list[tuple[str, float]]]:
-        """`query` for several vectors (the j-th wants ns[j] chunks): one pass over the stored vectors (no `paths`)."""
-        if paths is not None or len(vectors) < 2:
-            return [self.query(v, n, paths) for v, n in zip(vectors, ns)]
-        view, store = self._engine.view, self._engine.store
-        near_all = store.nearest_many(vectors, [n * 2 for n in ns])
-        out: list[list[tuple[str, float]]] = []
-        for vector, n, near in zip(vectors, ns, near_all):
-            found: list[tuple[str, float]] = []
-            with view.mutex:
-                for content, cos in near:
-                    found.extend((cid, cos) for cid in sorted(view.content_ids.get(content, ())))
-            if len(found) >= n or len(near) >= len(store):
-                out.append(list(dict.fromkeys(found))[:n])
-            else:  # many stored contents no chunk references any more: ask for more, this vector alone
-                out.append(self.query(vector, n))
-        return out
-
-    def query(self, vector: Sequence[float], n: int, paths: Sequence[str] | None = None) -> list[tuple[str, float]]:
-        """Nearest chunks as (chunk id, cosine), best first; `paths` restricts to those notes."""
-        view, store = self._engine.view, self._engine.store
-        if paths is not None:
-            with view.mutex:
-                ids = [cid for p in paths if (r := view.files.get(p)) for cid in r.chunks if cid in view.chunks]
-                contents = {cid: view.chunks[cid].content for cid in ids}
-            cos = store.cosines(vector, list(set(contents.values())))
-            scored = sorted(((cid, cos[c]) for cid, c in contents.items() if c in cos), key=lambda x: -x[1])
-            return scored[:n]
-        want = n * 2
-        while True:
-            near = store.nearest(vector, want)
-            out: list[tuple[str, float]] = []
-            with view.mutex:
-                for content, cos in near:
-                    out.extend((cid, cos) for cid in sorted(view.content_ids.get(content, ())))
-            if len(out) >= n or want >= len(store):
-                return list(dict.fromkeys(out))[:n]
-            want *= 4
-
-    def cosines(self, vector: Sequence[float], ids: Sequence[str]) -> dict[str, float]:
-        """Cosine of the query with each chunk that has a vector."""
-        with self._engine.view.mutex:
-            contents = {cid: c.content for cid in ids if (c := self._engine.view.chunks.get(cid)) is not None}
-        cos = self._engine.store.cosines(vector, list(set(contents.values())))
-        return {cid: cos[c] for cid, c in contents.items() if c in cos}
-
-    def arrays(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Stored vectors by chunk id, as the store holds them (ids without a vector are absent)."""
-        out: dict[str, np.ndarray] = {}
-        for cid in ids:
-            v = self._engine.store.vector(content_of(cid))
-            if v is not None:
-                out[cid] = v
-        return out
-
-
 class Engine:
     """One vault's index as this process sees it, kept equal to the notes on disk by sync_all / apply_file_changes.
 
-    `view` (files, chunks, bm25; guarded by `mutex`) is what searches read; `store` holds the vectors; `vectors`
-    searches them in chunk terms. Writers serialize on a file lock held only for commits, never while embedding.
+    `view` (files, chunks, bm25, and the vectors in chunk terms) is what searches read; `store` holds the vectors. Writers serialize on a file lock held only for commits, never while embedding.
     """
 
     def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
@@ -200,9 +133,8 @@ class Engine:
         self.tokenizer = tokenizer or Tokenizer(
             cache_dir=cfg.cache_dir, word_table=WordTableFile(cfg.cache_dir / JIEBA_TABLE_FILE)
         )
-        self.view = IndexView(self.tokenizer, cfg.metadata_weight)
         self.store = open_vector_store(cfg, self.embedder.name)
-        self.vectors = ChunkVectors(self)
+        self.view = IndexView(self.tokenizer, cfg.metadata_weight, self.store)
         self.state_path = cfg.index_dir / "state.json"
         self.params: dict[str, Any] = {
             "chunker": CHUNKER_VERSION,

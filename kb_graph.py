@@ -95,14 +95,14 @@ def _nearest(engine: Engine, path: str, chunk_ids: list[str], limit: int, notes:
     if engine.model_error:
         notes.append(f"no notes nearest in meaning: semantic search is off ({engine.model_error})")
         return []
-    vectors = engine.vectors.arrays(chunk_ids[:NEAREST_CHUNKS_PER_NOTE])
+    vectors = engine.view.vectors_of(chunk_ids[:NEAREST_CHUNKS_PER_NOTE])
     if not vectors:
         notes.append("no notes nearest in meaning yet: this note's chunks are still being embedded")
         return []
     best: dict[str, float] = {}
     try:
         for vec in vectors.values():
-            found = engine.vectors.query(vec, (limit + 1) * NEAREST_CHUNKS_PER_NOTE)
+            found = engine.view.nearest(vec, (limit + 1) * NEAREST_CHUNKS_PER_NOTE)
             path_of = engine.view.paths_of(cid for cid, _ in found)
             for cid, cos in found:
                 other = path_of.get(cid)

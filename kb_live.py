@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kb_config import Config, KBError
@@ -309,9 +308,15 @@ class LiveIndex:
         notes.append(SEMANTIC_LOADING_NOTE)
         return "keyword"
 
-    def fresh_search(self, run: Callable[[], SearchResult], notes: list[str]) -> SearchResult:
-        """Run a search (after ensure_fresh) so that it holds every edit saved before it was asked: again if file
-        events came in while it ran, or if a hit's note changed on disk after the events were taken."""
+    def search(self, query: str, mode: str, notes: list[str], **options: Any) -> SearchResult:
+        """Searcher.search (after ensure_fresh) in the mode the model allows now, holding every edit saved before it
+        was asked: run again if file events came in while it ran, or if a hit's note changed on disk after the events
+        were taken. `options`: Searcher.search's keyword arguments; `notes` gets what the reply should say."""
+        mode = self.search_mode(mode, notes)
+
+        def run() -> SearchResult:
+            return self.searcher.search(query, mode=mode, **options)
+
         result = run()
         if self.apply_late_events(notes):
             result = run()

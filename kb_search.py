@@ -46,8 +46,6 @@ CLOSEST_ON_ABSTAIN = 3
 LINKED_TAIL_STEP = 1e-6
 # Characters of context kept before the first matched term in a snippet.
 SNIPPET_LEAD_CHARS = 60
-# Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
-CJK_CACHE_CHUNKS = 500_000
 
 
 @dataclass(frozen=True)
@@ -160,9 +158,8 @@ class Searcher:
         self.tuning = tuning or Tuning()
         self._reranker: Any = None
         self._rerank_lock = threading.Lock()
-        self.view = engine.view  # every read of notes and chunks goes through its query methods
-        self._chunk_cjk: dict[str, bool] = {}
-        self._background = Background(engine, self._is_cjk)
+        self.view = engine.view  # every read of notes, chunks and vectors goes through its query methods
+        self._background = Background(engine.view, engine.embedder, self.tuning.cjk_share)
 
     def warm_up(self) -> None:
         """Read the relevance gate's background sample and the notes' vectors for the translation step now (~0.1 and
@@ -249,7 +246,7 @@ class Searcher:
         ]
         wants = [n * self.tuning.cross_pool if other_language else n for *_, other_language in flat]
         try:
-            found_all = engine.vectors.query_many([q.vector for _, q, _, _ in flat], wants, paths)
+            found_all = self.view.nearest_many([q.vector for _, q, _, _ in flat], wants, paths)
         except Exception as e:  # a store another process is rewriting: degrade to keyword for this search
             logger.warning("vector query failed: %s", e)
             notes.append(f"semantic search failed for this query ({type(e).__name__}); keyword results only")
@@ -257,23 +254,11 @@ class Searcher:
         out: list[_SemanticList] = []
         for (p, q, trusted, other_language), found in zip(flat, found_all):
             hits = self.view.present(((cid, float(cos) * q.scale) for cid, cos in found), accept)
-            other = [h for h in hits if self._is_cjk(h[0]) != query_cjk][:n] if other_language else []
+            other = [h for h in hits if self._background.is_cjk(h[0]) != query_cjk][:n] if other_language else []
             out.append(_SemanticList(q, trusted, hits[:n], pool, probe=p.index))
             if other:
                 out.append(_SemanticList(q, trusted, other, pool, cross=True, probe=p.index))
         return out
-
-    def _is_cjk(self, chunk_id: str) -> bool:
-        """Whether a chunk is mostly Chinese (cached: a chunk id names its text)."""
-        known = self._chunk_cjk.get(chunk_id)
-        if known is None:
-            chunk = self.view.chunk(chunk_id)
-            if chunk is None:  # a sync removed it since it was ranked
-                return False
-            if len(self._chunk_cjk) > CJK_CACHE_CHUNKS:
-                self._chunk_cjk.clear()
-            known = self._chunk_cjk[chunk_id] = cjk_share(chunk.text) >= self.tuning.cjk_share
-        return known
 
     def _cosines(self, lists: Sequence[_SemanticList], ids: list[str]) -> list[dict[str, float]]:
         """Each model's cosine for each of `ids` (from its ranked list, else from the stored vectors)."""
@@ -281,7 +266,7 @@ class Searcher:
         missing = sorted({cid for known in out for cid in ids if cid not in known})
         if not missing:
             return out
-        stored = self.engine.vectors.arrays(missing)
+        stored = self.view.vectors_of(missing)
         if not stored:
             return out
         got = list(stored)

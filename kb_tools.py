@@ -97,23 +97,19 @@ class KnowledgeBase:
         modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
         live = self.live
         notes = live.ensure_fresh()
-        mode = live.search_mode(mode or self.cfg.search_mode, notes)
-
-        def run() -> SearchResult:
-            return live.searcher.search(
-                query,
-                alternatives=alternatives,
-                top_k=top_k,
-                mode=mode,
-                path_prefix=path_prefix,
-                tag=tag,
-                modified_within_days=modified_within_days,
-                where=where,
-                date_from=date_from,
-                date_to=date_to,
-            )
-
-        result = live.fresh_search(run, notes)
+        result = live.search(
+            query,
+            mode or self.cfg.search_mode,
+            notes,
+            alternatives=alternatives,
+            top_k=top_k,
+            path_prefix=path_prefix,
+            tag=tag,
+            modified_within_days=modified_within_days,
+            where=where,
+            date_from=date_from,
+            date_to=date_to,
+        )
         notes += result.notes
         return format_search(result, notes, self.cfg.max_response_chars)
 

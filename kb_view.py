@@ -1,6 +1,10 @@
-"""The in-memory view a process searches: notes, chunks and their BM25 index, with the vault's terms in jieba.
+"""The in-memory view a process searches: notes, chunks and their BM25 index, with the vault's terms in jieba, and
+the chunks' vectors (in the engine's store) in chunk terms.
 
 Built from notes on disk (or the BM25 pickle saved by an earlier process), changed one note at a time by the engine.
+Over 500 lines for a reason: every read a search or a tool makes (notes, chunks, words, links, vectors) is one locked
+query of IndexView, so a reader never takes the mutex or walks the dictionaries; the link graph and anchor text it
+keeps current sit beside it.
 Imports: bm25_index, kb_config, kb_links, kb_state, kb_text.
 """
 
@@ -13,7 +17,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from bm25_index import BM25Index, load_index, save_index
 from kb_config import IndexFormatError
@@ -30,6 +36,23 @@ META_TOKEN_CACHE = 50_000
 ANCHOR_TEXT_WEIGHT = 1
 # At most this many distinct anchors per note (the most used first), so a hub note's chunks stay about their text.
 MAX_ANCHORS = 16
+
+
+class VectorReader(Protocol):
+    """What the view reads of a vector store (kb_store's segment files or kb_chroma's server), by content hash."""
+
+    @property
+    def segments(self) -> tuple[str, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def vector(self, content: str) -> np.ndarray | None: ...
+
+    def cosines(self, query: Sequence[float], contents: Sequence[str]) -> dict[str, float]: ...
+
+    def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]: ...
+
+    def nearest_many(self, queries: Sequence[Sequence[float]], ns: Sequence[int]) -> list[list[tuple[str, float]]]: ...
 
 
 @dataclass(frozen=True)
@@ -184,9 +207,10 @@ class IndexView:
     hash to the chunks holding that text, so a vector found by content leads back to chunks.
     """
 
-    def __init__(self, tokenizer: Tokenizer, metadata_weight: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, metadata_weight: int, store: VectorReader) -> None:
         self.tokenizer = tokenizer
         self.metadata_weight = metadata_weight
+        self.store = store  # the engine's; it writes there, the queries below read in chunk terms
         self.mutex = threading.RLock()
         self.files: dict[str, FileRecord] = {}
         self.chunks: dict[str, ChunkRecord] = {}
@@ -306,6 +330,63 @@ class IndexView:
         with self.mutex:
             found = self.bm25.search([token], len(self.chunks), accept)
             return list(dict.fromkeys(self.chunks[cid].path for cid, _ in found if cid in self.chunks))
+
+    # ---- vectors, in chunk terms (the store holds one vector per distinct chunk text) ---------------------------
+
+    def nearest(self, vector: Sequence[float], n: int, paths: Sequence[str] | None = None) -> list[tuple[str, float]]:
+        """The n chunks nearest to `vector` as (chunk id, cosine), best first; `paths` restricts to those notes."""
+        if paths is not None:
+            with self.mutex:
+                contents = {
+                    cid: self.chunks[cid].content
+                    for p in paths
+                    if (r := self.files.get(p))
+                    for cid in r.chunks
+                    if cid in self.chunks
+                }
+            cos = self.store.cosines(vector, list(set(contents.values())))
+            return sorted(((cid, cos[c]) for cid, c in contents.items() if c in cos), key=lambda x: -x[1])[:n]
+        want = n * 2
+        while True:
+            found = self._chunks_of(self.store.nearest(vector, want))
+            if len(found) >= n or want >= len(self.store):
+                return found[:n]
+            want *= 4  # many stored texts no chunk holds any more: ask for more
+
+    def nearest_many(
+        self, vectors: Sequence[Sequence[float]], ns: Sequence[int], paths: Sequence[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """`nearest` for several vectors (the j-th wants ns[j] chunks), in one pass over the store (no `paths`)."""
+        if paths is not None or len(vectors) < 2:
+            return [self.nearest(v, n, paths) for v, n in zip(vectors, ns)]
+        out: list[list[tuple[str, float]]] = []
+        for vector, n, near in zip(vectors, ns, self.store.nearest_many(vectors, [n * 2 for n in ns])):
+            found = self._chunks_of(near)
+            out.append(found[:n] if len(found) >= n or len(near) >= len(self.store) else self.nearest(vector, n))
+        return out
+
+    def cosines(self, vector: Sequence[float], ids: Iterable[str]) -> dict[str, float]:
+        """The cosine of `vector` with each chunk of `ids` that is in the view and has a vector."""
+        with self.mutex:
+            contents = {cid: c.content for cid in ids if (c := self.chunks.get(cid)) is not None}
+        cos = self.store.cosines(vector, list(set(contents.values())))
+        return {cid: cos[c] for cid, c in contents.items() if c in cos}
+
+    def vectors_of(self, ids: Iterable[str]) -> dict[str, np.ndarray]:
+        """The stored vector of each chunk of `ids` that is in the view and has one, as the store holds it."""
+        with self.mutex:
+            contents = {cid: c.content for cid in ids if (c := self.chunks.get(cid)) is not None}
+        return {cid: v for cid, content in contents.items() if (v := self.store.vector(content)) is not None}
+
+    def vectors_version(self) -> tuple[int, tuple[str, ...]]:
+        """Changes when a note or a vector did (the view's version, the store's segments): keys caches of vectors."""
+        return self.version, self.store.segments
+
+    def _chunks_of(self, near: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """(content, cosine) pairs as (chunk id, cosine), every chunk holding that text, each once, in order."""
+        with self.mutex:
+            found = [(cid, cos) for content, cos in near for cid in sorted(self.content_ids.get(content, ()))]
+        return list(dict.fromkeys(found))
 
     def property_keys(self) -> list[str]:
         """Every property key some note has, sorted."""

@@ -108,7 +108,6 @@ def bench_ingest(vault: Path, out_dir: Path, embedder: RecordingEmbedder, runs: 
         data_dir = out_dir / ("data" if i == runs - 1 else f"data-run{i}")
         shutil.rmtree(data_dir, ignore_errors=True)
         if engine is not None:
-            engine.vectors.reopen()  # drop the previous run's Chroma client before its folder goes
             shutil.rmtree(engine.cfg.data_dir, ignore_errors=True)
         engine = Engine(_config(vault, data_dir), embedder)
         embedder.reset()

@@ -409,7 +409,7 @@ def _same_inputs(a: Any, b: Any, query: str, ids: set[str]) -> bool:
         with engine.mutex:
             tokens = engine.tokenizer.tokenize(query)
             kw = dict(engine.bm25.search(tokens, max(1, len(engine.bm25))))
-        cos = engine.vectors.cosines(engine.embedder.embed_query(query), sorted(ids))
+        cos = engine.view.cosines(engine.embedder.embed_query(query), sorted(ids))
         scores.append({i: (kw.get(i, 0.0), cos.get(i)) for i in ids})
     for i in ids:
         (ka, ca), (kb, cb) = scores[0][i], scores[1][i]

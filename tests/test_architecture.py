@@ -50,7 +50,7 @@ ALLOWED = {
     },
     "kb_graph": {"kb_config", "kb_scan", "kb_state", "kb_text", "kb_engine"},
     "kb_filter": {"kb_config", "kb_scan", "kb_state", "kb_frontmatter"},
-    "kb_background": {"kb_engine", "kb_vectors"},
+    "kb_background": {"kb_text", "kb_vectors", "kb_view"},
     "kb_search": {
         "kb_config",
         "kb_scan",
@@ -274,3 +274,69 @@ def test_module_docstring_says_what_it_imports(module):
             top.add(node.module.split(".")[0])
     top &= PROJECT
     assert _declared_imports(module) == (top, _imports(module) - top)
+
+
+# A search followed from its tool (kb_tools) to the hits crosses at most this many modules on any call path (issue 20).
+SEARCH_PATH_MODULES = 6
+
+
+def _call_paths(run) -> set[tuple[str, ...]]:
+    """Every chain of project modules on the call stack while `run()` runs, from kb_tools down (a module's own calls
+    collapsed; generator expressions a caller hands down are its data, not calls)."""
+    paths: set[tuple[str, ...]] = set()
+
+    def module_of(frame) -> str | None:
+        path = Path(frame.f_code.co_filename)
+        if path.parent != REPO or path.stem not in PROJECT or frame.f_code.co_name == "<genexpr>":
+            return None
+        return path.stem
+
+    def profile(frame, event, arg) -> None:
+        if event != "call" or module_of(frame) is None:
+            return
+        chain: list[str] = []
+        f = frame
+        while f is not None:
+            m = module_of(f)
+            if m is not None and (not chain or chain[-1] != m):
+                chain.append(m)
+            f = f.f_back
+        chain.reverse()
+        if "kb_tools" in chain:
+            paths.add(tuple(chain[chain.index("kb_tools") :]))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return paths
+
+
+def test_a_search_crosses_at_most_six_modules_from_the_tool_and_never_climbs_back(sample_index, tmp_path):
+    """A hybrid search with an alternative, with the default models (the translation step and the gate run): on every
+    call path from the tool's logic to the hits, each module is entered once (no module calls back into one that
+    called it) and at most SEARCH_PATH_MODULES modules are crossed."""
+    import shutil
+
+    from kb_fixtures import make_config, seed_sample_index
+
+    from kb_tools import KnowledgeBase
+
+    vault = tmp_path / "vault"
+    shutil.copytree(sample_index[0], vault)
+    seed_sample_index(sample_index, vault, tmp_path / "data")
+    kb = KnowledgeBase(make_config(vault, tmp_path / "data"))
+    kb.start()
+    try:
+        assert kb.live.startup_done.wait(300)
+        kb.search("homelab backup", ["家庭服务器 备份"])  # warm: the gate's sample and the notes' vectors
+        paths = _call_paths(lambda: kb.search("how do I back up the homelab", ["家庭服务器 备份"], mode="hybrid"))
+    finally:
+        kb.shutdown()
+    modules = {m for p in paths for m in p}
+    assert {"kb_live", "kb_search", "kb_view", "kb_background", "bm25_index", "kb_vectors"} <= modules, modules
+    climbs = sorted(p for p in paths if len(set(p)) < len(p))
+    assert not climbs, f"a module called back into one above it: {climbs[:3]}"
+    longest = max(paths, key=len)
+    assert len(longest) <= SEARCH_PATH_MODULES, " -> ".join(longest)

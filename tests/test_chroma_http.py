@@ -117,7 +117,7 @@ def test_http_mode_keeps_vectors_in_the_server_not_on_disk(small_vault, make_eng
 
     assert not (engine.cfg.index_dir / "vectors").exists()
     assert len(engine.store) == len({c.content for c in engine.chunks.values()}) > 0
-    found = engine.vectors.query(HashEmbedder().embed_query("PostgreSQL ledger"), 1)
+    found = engine.view.nearest(HashEmbedder().embed_query("PostgreSQL ledger"), 1)
     assert found and engine.chunks[found[0][0]].path == "projects/alpha.md"
 
 

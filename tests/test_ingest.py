@@ -168,7 +168,7 @@ def test_sync_removes_chunks_of_deleted_note(small_vault, make_engine):
     report = engine.sync_all()
     assert report.removed == 1 and report.chunks_deleted > 0
     assert _vector_ids_for(engine, "long.md") == []
-    found = engine.vectors.query(HashEmbedder().embed_query("Section 3 word3x7 word3x8"), 50)
+    found = engine.view.nearest(HashEmbedder().embed_query("Section 3 word3x7 word3x8"), 50)
     assert found and not any(engine.chunks[cid].path == "long.md" for cid, _ in found)
     assert not any(c.path == "long.md" for c in engine.chunks.values())
     _assert_consistent(engine)
@@ -311,7 +311,7 @@ def test_second_process_sees_first_process_writes_without_embedding(small_vault,
     report = b.sync_all()
     assert emb_b.embedded == 0 and report.chunks_embedded == 0
     assert any("zanzibar" in c.text for c in b.chunks.values())
-    hits = b.vectors.query(HashEmbedder().embed_query("zanzibar ferry schedule"), 3)
+    hits = b.view.nearest(HashEmbedder().embed_query("zanzibar ferry schedule"), 3)
     assert hits and b.chunks[hits[0][0]].path == "inbox.md"
 
 

@@ -247,8 +247,8 @@ def test_background_sample_is_drawn_once_not_on_every_edit(topic_vault, make_eng
     engine.sync_all()
     searcher = Searcher(engine)
     reads: list[list[str]] = []  # every read of stored vectors (the translation step's note vectors read too)
-    real = engine.vectors.arrays
-    monkeypatch.setattr(engine.vectors, "arrays", lambda ids: reads.append(list(ids)) or real(ids))
+    real = engine.view.vectors_of
+    monkeypatch.setattr(engine.view, "vectors_of", lambda ids: reads.append(list(ids)) or real(ids))
 
     def sample_reads() -> int:  # reads of the background sample: the whole 40-chunk vault, in the sample's order
         sample = random.Random(kb_background.BACKGROUND_SEED).sample(sorted(engine.chunks), 40)
