@@ -2,6 +2,8 @@
 
 Times the product's own code paths (Engine.sync_all, Searcher.search, `mcp_server.py` over stdio) on a copy of a vault
 or a generated one, with the index in --out-dir; never touches the user's notes or index. Imports the project modules.
+Over 500 lines for a reason: each phase is a small function (bench_*, then *_metrics naming what it reports), and
+the metrics' notes, which say how each number was taken, are most of its length.
 `--mcp` times the server only, through the MCP SDK's client, as a user feels it (eval/bench_mcp.py).
 """
 
@@ -308,144 +310,157 @@ def _self_peak_mb() -> float | None:
 # ---- the run ----------------------------------------------------------------------------------------------------
 
 
-def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Every phase in order; returns {"env": ..., "metrics": {key: {value, unit, embedder, note}}}."""
-    from kb_search import Searcher
+class _Metrics:
+    """The metrics in the order measured, each labelled with the embedder that produced it (`label` by default)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.rows: list[Metric] = []
+
+    def add(self, key: str, value: Any, unit: str, note: str = "", by: str | None = None) -> None:
+        self.rows.append(Metric(key, value, unit, by or self.label, note))
+
+
+def _bench_embedder(args: argparse.Namespace, cfg: Any) -> tuple[RecordingEmbedder, str, float | None]:
+    """The embedder the ingest records (the fake one, or the configured model loaded and warmed), its label, and the
+    model's load time (None for the fake)."""
     from kb_vectors import HashEmbedder, make_embedder
 
-    ingest_runs = args.repeat or DEFAULT_INGEST_RUNS
-    search_starts = args.repeat or DEFAULT_FIRST_SEARCH_STARTS
-    vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
-    say("bench", f"vault: {vault} ({source})")
-    base_cfg = _config(vault, out_dir / "data")
-    metrics: list[Metric] = []
-    model_load_s = None
     if args.fake_embedder:
-        inner: Any = HashEmbedder(dim=FAKE_DIM)
         # Stored under the configured model's name so the server subprocess (real model) takes the index as current.
-        label = "fake-embedder"
-        embedder = RecordingEmbedder(inner, base_cfg.embed_model)
-    else:
-        inner = make_embedder(base_cfg.embed_model, device=base_cfg.embed_device, batch_size=base_cfg.embed_batch_size)
-        label = base_cfg.embed_model
-        t0 = time.perf_counter()
-        inner.load()
-        inner.embed_documents(["warm-up", "模型预热"])  # first call pays one-off torch set-up
-        model_load_s = time.perf_counter() - t0
-        embedder = RecordingEmbedder(inner, inner.name)
+        return RecordingEmbedder(HashEmbedder(dim=FAKE_DIM), cfg.embed_model), "fake-embedder", None
+    inner = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size)
+    t0 = time.perf_counter()
+    inner.load()
+    inner.embed_documents(["warm-up", "模型预热"])  # first call pays one-off torch set-up
+    return RecordingEmbedder(inner, inner.name), cfg.embed_model, time.perf_counter() - t0
 
-    def add(key: str, value: Any, unit: str, note: str = "", by: str | None = None) -> None:
-        metrics.append(Metric(key, value, unit, by or label, note))
 
-    engine, ing = bench_ingest(vault, out_dir, embedder, ingest_runs)
-    chunks, n_embedded = len(engine.chunks), ing["report"].chunks_embedded
+def _ingest_metrics(m: _Metrics, ing: dict[str, Any], runs: int, chunks: int, model_load_s: float | None) -> None:
+    n_embedded = ing["report"].chunks_embedded
     ingest_s, raw_s = statistics.median(ing["ingest_s"]), statistics.median(ing["raw_s"])
-    add(
+    m.add(
         "ingest_s",
         ingest_s,
         "s",
-        f"median of {ingest_runs} full ingests (Engine.sync_all on an empty index; model load excluded, jieba set-up included)",
+        f"median of {runs} full ingests (Engine.sync_all on an empty index; model load excluded, jieba set-up included)",
     )
-    add("ingest_chunks_per_s", chunks / ingest_s if ingest_s else None, "chunks/s")
-    add("ingest_embed_s", statistics.median(ing["embed_in_pipeline_s"]), "s", "time inside embed_documents during ingest")
-    add("save_view_s", statistics.median(ing["save_view_s"]), "s", "Engine.save_view (BM25 pickle) after ingest")
-    add(
+    m.add("ingest_chunks_per_s", chunks / ingest_s if ingest_s else None, "chunks/s")
+    m.add("ingest_embed_s", statistics.median(ing["embed_in_pipeline_s"]), "s", "time inside embed_documents during ingest")
+    m.add("save_view_s", statistics.median(ing["save_view_s"]), "s", "Engine.save_view (BM25 pickle) after ingest")
+    m.add(
         "raw_embed_s",
         raw_s,
         "s",
         f"bare embed_documents after each ingest (engine calls of {ing['call_sizes']} texts); {ing['raw_note']}",
     )
-    add("raw_embed_chunks_per_s", n_embedded / raw_s if raw_s else None, "chunks/s")
-    add("pipeline_overhead", ingest_s / raw_s - 1 if raw_s else None, "ratio", "ingest_s / raw_embed_s - 1")
+    m.add("raw_embed_chunks_per_s", n_embedded / raw_s if raw_s else None, "chunks/s")
+    m.add("pipeline_overhead", ingest_s / raw_s - 1 if raw_s else None, "ratio", "ingest_s / raw_embed_s - 1")
     in_run = [t / e - 1 for t, e in zip(ing["ingest_s"], ing["embed_in_pipeline_s"]) if e]
-    add(
+    m.add(
         "pipeline_overhead_in_run",
         median(in_run),
         "ratio",
         "ingest_s / ingest_embed_s - 1, within the same runs (steadier than pipeline_overhead on a busy machine)",
     )
-    add(
+    m.add(
         "ingest_outside_embedder_s",
         statistics.median(t - e for t, e in zip(ing["ingest_s"], ing["embed_in_pipeline_s"])),
         "s",
         "ingest time not spent in embed_documents: scan, chunking, BM25, Chroma, state.json",
     )
     if model_load_s is not None:
-        add("model_load_s", model_load_s, "s", "load + first encode, before the ingest timings")
+        m.add("model_load_s", model_load_s, "s", "load + first encode, before the ingest timings")
+
+
+def _index_metrics(m: _Metrics, engine: Any) -> None:
+    """No-change syncs, edits until searchable, search latency, then the index on disk."""
+    from kb_search import Searcher
 
     say("bench", f"no-change sync x{NOCHANGE_SYNCS}")
     nc = bench_nochange(engine)
-    add("nochange_sync_ms", statistics.median(nc["times"]) * 1000, "ms", f"median of {NOCHANGE_SYNCS} Engine.sync_all()")
-    add("nochange_sync_p95_ms", percentile(nc["times"], 0.95) * 1000, "ms")
-    add("nochange_sync_chunks_embedded", nc["embedded"], "chunks", f"total over {NOCHANGE_SYNCS} syncs (must be 0)")
+    m.add("nochange_sync_ms", statistics.median(nc["times"]) * 1000, "ms", f"median of {NOCHANGE_SYNCS} Engine.sync_all()")
+    m.add("nochange_sync_p95_ms", percentile(nc["times"], 0.95) * 1000, "ms")
+    m.add("nochange_sync_chunks_embedded", nc["embedded"], "chunks", f"total over {NOCHANGE_SYNCS} syncs (must be 0)")
 
     searcher = Searcher(engine)
     say("bench", f"edit-to-searchable on {EDIT_NOTES} notes")
     ed = bench_edits(engine, searcher)
-    add("edit_to_searchable_ms", (median(ed["total"]) or 0) * 1000, "ms", f"median of {ed['edited']} notes: sync + hybrid search")
-    add("edit_sync_ms", (median(ed["sync"]) or 0) * 1000, "ms", "the sync part")
-    add("edit_search_ms", (median(ed["search"]) or 0) * 1000, "ms", "the search part")
-    add("edit_chunks_embedded", median(ed["embedded"]), "chunks", "median per edit")
-    add("edit_found", ed["found"], "notes", f"of {ed['edited']} edited notes, the word was found")
-    add("edit_notes", ed["edited"], "notes")
-    add("edit_max_tries", max(ed["tries"], default=0), "syncs", "sync+search rounds until found (1 = at once)")
+    m.add(
+        "edit_to_searchable_ms", (median(ed["total"]) or 0) * 1000, "ms", f"median of {ed['edited']} notes: sync + hybrid search"
+    )
+    m.add("edit_sync_ms", (median(ed["sync"]) or 0) * 1000, "ms", "the sync part")
+    m.add("edit_search_ms", (median(ed["search"]) or 0) * 1000, "ms", "the search part")
+    m.add("edit_chunks_embedded", median(ed["embedded"]), "chunks", "median per edit")
+    m.add("edit_found", ed["found"], "notes", f"of {ed['edited']} edited notes, the word was found")
+    m.add("edit_notes", ed["edited"], "notes")
+    m.add("edit_max_tries", max(ed["tries"], default=0), "syncs", "sync+search rounds until found (1 = at once)")
 
     say("bench", f"search latency: {len(QUERIES)} queries x {SEARCH_ROUNDS} rounds x {len(SEARCH_MODES)} modes")
     for mode, s in bench_search(searcher).items():
-        add(f"search_{mode}_p50_ms", statistics.median(s["times"]) * 1000, "ms", f"warm, {len(s['times'])} searches")
-        add(f"search_{mode}_p95_ms", percentile(s["times"], 0.95) * 1000, "ms")
-        add(f"search_{mode}_abstain_share", s["abstain_share"], "share", "searches with no hit past the relevance gate")
+        m.add(f"search_{mode}_p50_ms", statistics.median(s["times"]) * 1000, "ms", f"warm, {len(s['times'])} searches")
+        m.add(f"search_{mode}_p95_ms", percentile(s["times"], 0.95) * 1000, "ms")
+        m.add(f"search_{mode}_abstain_share", s["abstain_share"], "share", "searches with no hit past the relevance gate")
 
     engine.save_view()  # the server should start from a current keyword view, as after ingest.py
     index_dir = engine.cfg.index_dir
-    add("index_total_mb", disk_usage_mb(index_dir), "MB", str(index_dir))
-    add("index_vectors_mb", disk_usage_mb(index_dir / "vectors"), "MB", "the vector segments")
-    add("index_bm25_mb", disk_usage_mb(engine.cfg.bm25_index_file), "MB")
-    add("index_state_mb", disk_usage_mb(index_dir / "state.json"), "MB")
-    add("bench_peak_rss_mb", _self_peak_mb(), "MB", "this benchmark process (ru_maxrss)")
+    m.add("index_total_mb", disk_usage_mb(index_dir), "MB", str(index_dir))
+    m.add("index_vectors_mb", disk_usage_mb(index_dir / "vectors"), "MB", "the vector segments")
+    m.add("index_bm25_mb", disk_usage_mb(engine.cfg.bm25_index_file), "MB")
+    m.add("index_state_mb", disk_usage_mb(index_dir / "state.json"), "MB")
+    m.add("bench_peak_rss_mb", _self_peak_mb(), "MB", "this benchmark process (ru_maxrss)")
+
+
+def _server_metrics(m: _Metrics, sv: dict[str, Any], search_starts: int, by: str) -> None:
+    m.add(
+        "server_initialize_ms",
+        statistics.median(sv["init"]) * 1000,
+        "ms",
+        f"launch -> initialize reply, median of {len(sv['init'])} starts",
+        by=by,
+    )
+    m.add(
+        "server_first_search_from_launch_ms",
+        statistics.median(sv["first_from_launch"]) * 1000,
+        "ms",
+        f"launch -> reply to the first search (sent right after initialize), median of {search_starts}",
+        by=by,
+    )
+    m.add("server_first_search_call_ms", statistics.median(sv["first_call"]) * 1000, "ms", "that first tools/call alone", by=by)
+    m.add("server_first_search_hits", median(sv["first_hits"]), "hits", f"query {FIRST_QUERY!r}", by=by)
+    m.add(
+        "server_first_search_still_indexing",
+        sv["still_indexing"],
+        "starts",
+        "first searches answered before the start-up sync finished",
+        by=by,
+    )
+    m.add(
+        "server_peak_rss_mb", sv["memory_mb"], "MB", f"after {SERVER_EXTRA_SEARCHES + 1} searches; {sv['memory_source']}", by=by
+    )
+
+
+def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Every phase in order; returns {"env": ..., "metrics": {key: {value, unit, embedder, note}}}."""
+    ingest_runs = args.repeat or DEFAULT_INGEST_RUNS
+    search_starts = args.repeat or DEFAULT_FIRST_SEARCH_STARTS
+    vault, source = prepare_vault(out_dir, args.kb_dir, args.synthetic)
+    say("bench", f"vault: {vault} ({source})")
+    base_cfg = _config(vault, out_dir / "data")
+    embedder, label, model_load_s = _bench_embedder(args, base_cfg)
+    m = _Metrics(label)
+
+    engine, ing = bench_ingest(vault, out_dir, embedder, ingest_runs)
+    chunks, n_embedded = len(engine.chunks), ing["report"].chunks_embedded
+    _ingest_metrics(m, ing, ingest_runs, chunks, model_load_s)
+    _index_metrics(m, engine)
 
     server_label = f"{base_cfg.embed_model} (server)" + (", over fake-embedder vectors" if args.fake_embedder else "")
     say(
         "bench",
         f"server: {max(INITIALIZE_STARTS, search_starts)} cold starts of mcp_server.py, {search_starts} to the first search",
     )
-    sv = bench_server(engine.cfg, out_dir, search_starts)
-    add(
-        "server_initialize_ms",
-        statistics.median(sv["init"]) * 1000,
-        "ms",
-        f"launch -> initialize reply, median of {len(sv['init'])} starts",
-        by=server_label,
-    )
-    add(
-        "server_first_search_from_launch_ms",
-        statistics.median(sv["first_from_launch"]) * 1000,
-        "ms",
-        f"launch -> reply to the first search (sent right after initialize), median of {search_starts}",
-        by=server_label,
-    )
-    add(
-        "server_first_search_call_ms",
-        statistics.median(sv["first_call"]) * 1000,
-        "ms",
-        "that first tools/call alone",
-        by=server_label,
-    )
-    add("server_first_search_hits", median(sv["first_hits"]), "hits", f"query {FIRST_QUERY!r}", by=server_label)
-    add(
-        "server_first_search_still_indexing",
-        sv["still_indexing"],
-        "starts",
-        "first searches answered before the start-up sync finished",
-        by=server_label,
-    )
-    add(
-        "server_peak_rss_mb",
-        sv["memory_mb"],
-        "MB",
-        f"after {SERVER_EXTRA_SEARCHES + 1} searches; {sv['memory_source']}",
-        by=server_label,
-    )
+    _server_metrics(m, bench_server(engine.cfg, out_dir, search_starts), search_starts, server_label)
 
     env = {
         "cpu_count": os.cpu_count(),
@@ -468,7 +483,7 @@ def run_bench(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     }
     return {
         "env": env,
-        "metrics": {m.key: {"value": m.value, "unit": m.unit, "embedder": m.embedder, "note": m.note} for m in metrics},
+        "metrics": {r.key: {"value": r.value, "unit": r.unit, "embedder": r.embedder, "note": r.note} for r in m.rows},
     }
 
 

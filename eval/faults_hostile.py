@@ -4,6 +4,8 @@ Paths: every call is refused with a tool error or accepted as the note it names;
 whitelist (the vault and a canary folder beside it are hashed before and after) and no "internal error". Broken
 notes (eval/faults_broken.py): ingest exits 0 within a time proportional to the vault's size and each note is
 indexed or listed as skipped with a reason; the server, its tools and the watcher keep working over them.
+Over 500 lines for a reason: most of it is the cases themselves (path_cases, bad_arg_cases), one per line, with the
+judge beside them; apart, a case and the rule that judges it would sit in two files.
 """
 
 from __future__ import annotations
