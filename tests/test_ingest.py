@@ -1,4 +1,8 @@
-"""Engine integration tests: real files, real vector segments and state in tmp_path, real jieba, a counting hash embedder."""
+"""Engine integration tests: real files, real vector segments and state in tmp_path, real jieba, a counting hash embedder.
+
+Over 500 lines for a reason: one test per behaviour of a sync (what it embeds, skips, keeps and rebuilds), each
+reading alone over its own vault; split, they would share the same fixtures from two files.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""kb_text's vault semantics: frontmatter and Logseq properties, note dates, outline detection and block chunking
-(over examples/logseq_sample), Chinese included."""
+"""Vault semantics (kb_frontmatter, kb_chunk): frontmatter and Logseq properties, note dates, outline detection and
+block chunking (over examples/logseq_sample), Chinese included."""
 
 from __future__ import annotations
 

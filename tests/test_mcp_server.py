@@ -3,6 +3,8 @@
 The sample vault is indexed once per module with `ingest.py` (a template never served); each server gets a copy of
 vault and index. One shared server (run with -vv and KB_LOG_LEVEL=DEBUG) answers the tests that do not need a
 process of their own; every test that edits the shared vault touches only its own notes or text.
+Over 500 lines for a reason: the tests share that one indexed server (a module-scoped fixture), which is what keeps
+them fast; split, each file would index and start its own.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""kb_search.Searcher: fusion, relevance gate, filters, grouping, snippets and degradation (hash embedder, real BM25/Chroma)."""
+"""kb_search.Searcher: fusion, relevance gate, filters, grouping, snippets and degradation (hash embedder, real BM25,
+real vector segments). Over 500 lines for a reason: one test per stage's behaviour, in the stages' order (Searcher).
+"""
 
 from __future__ import annotations
 

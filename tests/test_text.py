@@ -1,4 +1,5 @@
-"""kb_text: frontmatter, titles, heading-aware chunking, tags, and the BM25 tokenizer (jieba and fallback)."""
+"""Frontmatter and titles (kb_frontmatter), heading-aware chunking and tags (kb_chunk), and the BM25 tokenizer with
+jieba and its fallback (kb_text)."""
 
 from __future__ import annotations
 

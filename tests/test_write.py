@@ -1,6 +1,7 @@
 """kb_write.append_to_note: placement, encodings, whitelist and path refusals, retry de-duplication, concurrency.
 
-Real files in tmp_path; every refusal also checks that nothing on disk changed.
+Real files in tmp_path; every refusal also checks that nothing on disk changed. Over 500 lines for a reason: one test
+per rule of the one write path, which the product's promise (notes are sacred) rests on.
 """
 
 from __future__ import annotations
