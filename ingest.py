@@ -119,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         print(reason, file=sys.stderr)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    notes, chunks = engine.view.size()
     if args.json:
         out = report.as_dict()
         out.update(
             kb_dir=str(cfg.kb_dir),
             index_dir=str(cfg.index_dir),
-            notes=len(engine.files),
-            chunks=len(engine.chunks),
+            notes=notes,
+            chunks=chunks,
             model=engine.embedder.name,
             warning=warning,
         )
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:
         for path, action in report.details:
             print(f"  {action:<9} {path}")
-    print(f"{cfg.kb_dir}: {report.summary()}; index holds {len(engine.files)} notes, {len(engine.chunks)} chunks")
+    print(f"{cfg.kb_dir}: {report.summary()}; index holds {notes} notes, {chunks} chunks")
     return 0
 
 
