@@ -65,9 +65,10 @@ class Tuning:
     # when not one of the client's alternatives has this share of its words in one of its first chunks: the client
     # rewrote the question into the words a note would use, and the vault uses none of them (docs/retrieval.md).
     alternative_words: float = 0.2
-    # A probe at least this CJK is Chinese: an English-only model gets only its Latin words, at `latin_weight`.
+    # A probe at least this CJK is Chinese: an English-only model gets only its Latin words, and its list counts for
+    # the share of the probe's words it read (_Probe.latin_share), not a fixed weight: "Windows 上有个程序卡死了..."
+    # gives it one word of eight (tldr 0.606 -> 0.619, docs/retrieval.md).
     cjk_share: float = 0.3
-    latin_weight: float = 0.3
     # Without a probe in the other language (the client's translation), a multilingual model also gives its best
     # chunks in the other language than the query's, at this weight, drawn from `cross_pool` times the candidates.
     cross_weight: float = 0.5
@@ -103,6 +104,7 @@ class _Probe:
     text: str
     tokens: list[str]
     cjk: bool
+    latin_share: float  # the share of its words an English-only model reads (its Latin words: names, commands)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,9 @@ class Searcher:
             if t.casefold() in seen:
                 continue
             seen.add(t.casefold())
-            out.append(_Probe(len(out), t, self.view.tokenize(t), cjk_share(t) >= self.tuning.cjk_share))
+            tokens = self.view.tokenize(t)
+            latin = sum(1 for w in tokens if _LATIN_WORD_RE.match(w)) / len(tokens) if tokens else 0.0
+            out.append(_Probe(len(out), t, tokens, cjk_share(t) >= self.tuning.cjk_share, latin))
         return out
 
     def _part_queries(self, texts: Sequence[str], mode: str) -> list[list[tuple[PartQuery, bool]]]:
@@ -348,7 +352,7 @@ class Searcher:
         by_model = [sl for sl in lists if not sl.cross]  # a cross-lingual list repeats its model's cosines
         excess = {id(sl): self._cosine_excess(sl) for sl in by_model if sl.hits}
         quiet = {(sl.probe, sl.part.model) for sl in by_model if excess.get(id(sl), -math.inf) < 0}
-        fused, found_by = self._fuse(mode, keyword, lists, kw_trust, quiet)
+        fused, found_by = self._fuse(mode, keyword, lists, kw_trust, quiet, probes)
         fused = view.present(fused)
         exact = [p for p in self._exact_notes(query_probe.tokens, accept) if p not in linked] if mode != "semantic" else []
         if exact:
@@ -463,11 +467,12 @@ class Searcher:
         lists: Sequence[_SemanticList],
         kw_trust: dict[int, float],
         quiet: set[tuple[int, str]],
+        probes: Sequence[_Probe],
     ) -> tuple[list[tuple[str, float]], dict[str, set[int]]]:
         """Reciprocal rank fusion of every probe's lists, best first, and which probes found each chunk.
 
         Each list's weight is its evidence: a keyword list by how much of its probe it holds (kw_trust), a model's
-        list by whether it reads the probe (Latin words only: Tuning.latin_weight) and stands out (else quiet_weight);
+        list by how much of the probe it reads (all, or its Latin words' share) and whether it stands out (else quiet_weight);
         the cross-lingual list at cross_weight."""
         tune = self.tuning
         ranked: list[tuple[float, int, list[tuple[str, float]]]] = []
@@ -475,7 +480,7 @@ class Searcher:
             ranked += [(self.cfg.keyword_weight * kw_trust.get(i, 1.0), i, kw) for i, kw in keyword.items()]
         if mode != "keyword":
             for sl in lists:
-                weight = tune.cross_weight if sl.cross else 1.0 if sl.trusted else tune.latin_weight
+                weight = tune.cross_weight if sl.cross else 1.0 if sl.trusted else probes[sl.probe].latin_share
                 if mode == "hybrid" and (sl.probe, sl.part.model) in quiet:
                     weight *= tune.quiet_weight
                 ranked.append((self.cfg.semantic_weight * weight, sl.probe, sl.hits))

@@ -143,6 +143,24 @@ def test_english_only_model_does_not_vouch_for_chinese_queries(searcher, monkeyp
     assert not searcher.search("今天天气怎么样", mode="semantic").abstained
 
 
+@pytest.mark.parametrize("latin", ["zorblax", "zorblax quuxify"])
+def test_an_english_only_model_counts_for_the_share_of_a_chinese_query_it_reads(searcher, latin):
+    """A mostly Chinese query gives an English-only model only its Latin words; that model's list weighs in by the
+    share of the query's words it read (a fixed 0.3 let one generic word, "Windows", outvote tldr's Chinese pages)."""
+    searcher.engine.embedder = model = HashEmbedder(name="all-MiniLM-L6-v2")
+    (searcher.cfg.kb_dir / "进程.md").write_text("# 进程\n\n程序卡死了就用命令行强行关掉它。\n", encoding="utf-8")
+    searcher.engine.sync_all()
+    query = f"{latin} 程序卡死了，怎么用命令行强行关掉"
+    tokens = searcher.view.tokenize(query)
+    share = len(latin.split()) / len(tokens)
+    result = searcher.search(query, mode="hybrid", top_k=20)
+    model_rank = {cid: r for r, (cid, _) in enumerate(searcher.view.nearest(model.embed_query(latin), 50), 1)}
+    only_model = [h for h in result.hits if h.keyword_rank is None]
+    assert result.hits[0].path == "进程.md" and only_model
+    for hit in only_model:
+        assert hit.score == pytest.approx(searcher.cfg.semantic_weight * share / (searcher.cfg.rrf_k + model_rank[hit.chunk_id]))
+
+
 def test_cosine_gate_stays_open_in_a_vault_too_small_to_calibrate(searcher, monkeypatch):
     monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))
     assert not searcher.search("zebra crossing quantum sourdough", mode="semantic").abstained
