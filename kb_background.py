@@ -13,7 +13,7 @@ import posixpath
 import random
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -136,9 +136,12 @@ class Background:
         sims = (matrix @ np.asarray(vector, dtype=np.float32))[keep] * scale
         return (top_cosine - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
 
-    def translations(self, fused: Ranked, model: str, query_cjk: bool, head_notes: int) -> tuple[Ranked, dict[str, str]]:
+    def translations(
+        self, fused: Ranked, model: str, query_cjk: bool, head_notes: int, named: Collection[str] = ()
+    ) -> tuple[Ranked, dict[str, str]]:
         """`fused` with each of the first `head_notes` notes' translation beside it (the one in the query's language
-        first), and the pairs found (each note of a pair -> the other). `model` is a multilingual model's name.
+        first, unless only the other is `named`: it holds the identifier or is the [[link]] the query names), and the
+        pairs found (each note of a pair -> the other). `model` is a multilingual model's name.
 
         Two notes are translations when each is the other's nearest note in the other language (whole notes: the mean
         of their chunks' vectors; two languages rarely chunk a text alike), they have the same headings at the same
@@ -182,7 +185,7 @@ class Background:
             path = path_of.get(cid)
             partner = pairs.get(path) if path is not None and chunk_of.get(path) == cid else None
             pair = [(cid, score)] if partner is None else [(cid, score), (chunk_of[partner], score)]
-            if partner is not None and bool(notes.cjk[notes.row[path]]) != query_cjk:
+            if partner is not None and _second_first(path, partner, bool(notes.cjk[notes.row[path]]) != query_cjk, named):
                 pair.reverse()
             out.extend(p for p in pair if p[0] not in done)
             done.update(p[0] for p in pair)
@@ -249,6 +252,14 @@ class Background:
         out = _NoteMatrix(paths, {p: i for i, p in enumerate(paths)}, matrix, cjk, by_language)
         self._notes = (key, out)
         return out
+
+
+def _second_first(first: str, second: str, other_language: bool, named: Collection[str]) -> bool:
+    """Whether a pair's second note goes first: the note the query names (its identifier, its [[link]]) before its
+    translation, which holds neither; else the one in the query's language."""
+    if (first in named) != (second in named):
+        return second in named
+    return other_language
 
 
 def _same_shape(a: str, heads_a: tuple[int, ...], b: str, heads_b: tuple[int, ...]) -> bool:

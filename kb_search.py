@@ -391,7 +391,7 @@ class Searcher:
                 fused = self._linked_first(view.present(fused), linked, accept)
         pairs: dict[str, str] = {}
         if mode == "hybrid" and fused:
-            fused, pairs = self._with_translations(fused, lists, query_probe.cjk)
+            fused, pairs = self._with_translations(fused, lists, query_probe.cjk, {*exact, *linked})
         hits = self._collect(fused, top_k, kw_rank, mean_cos, query_probe.tokens, pairs, found_by, probes)
         return SearchResult(
             query,
@@ -422,14 +422,15 @@ class Searcher:
         return holders or []
 
     def _with_translations(
-        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList], query_cjk: bool
+        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList], query_cjk: bool, named: set[str]
     ) -> tuple[list[tuple[str, float]], dict[str, str]]:
-        """`fused` with each head note's translation beside it, the one in the query's language first, and the pairs
+        """`fused` with each head note's translation beside it, the one in the query's language first (a `named` note,
+        which holds the query's identifier or is its [[link]], before its translation, which does not), and the pairs
         found (kb_background.translations), as a multilingual model judges them."""
         model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
         if model is None:
             return fused, {}
-        return self._background.translations(fused, model.part.model, query_cjk, self.tuning.translation_notes)
+        return self._background.translations(fused, model.part.model, query_cjk, self.tuning.translation_notes, named)
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""

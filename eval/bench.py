@@ -164,11 +164,12 @@ def bench_nochange(engine: Any) -> dict[str, Any]:
 
 
 def bench_edits(engine: Any, searcher: Any) -> dict[str, Any]:
-    """Append a unique nonsense word to EDIT_NOTES notes; time sync + hybrid search until a hit holds the word."""
+    """Append a unique nonsense word to EDIT_NOTES notes; time sync + hybrid search until a hit holds the word, and
+    count the searches whose first hit is that note (each earlier word is a look-alike of the next)."""
     rng = random.Random(SEED + 1)
     notes = sorted(p for p, r in engine.files.items() if not r.skipped and r.chunks)
     picked = rng.sample(notes, min(EDIT_NOTES, len(notes)))
-    totals, syncs, searches, embedded, found, tries = [], [], [], [], 0, []
+    totals, syncs, searches, embedded, found, first, tries = [], [], [], [], 0, 0, []
     for path in picked:
         word = "zq" + "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(10))
         with (engine.cfg.kb_dir / path).open("a", encoding="utf-8") as f:
@@ -193,12 +194,14 @@ def bench_edits(engine: Any, searcher: Any) -> dict[str, Any]:
         embedded.append(emb)
         tries.append(n)
         found += hit
+        first += bool(hit and result.hits[0].path == path)
     return {
         "total": totals,
         "sync": syncs,
         "search": searches,
         "embedded": embedded,
         "found": found,
+        "first": first,
         "edited": len(picked),
         "tries": tries,
     }
@@ -393,6 +396,7 @@ def _index_metrics(m: _Metrics, engine: Any) -> None:
     m.add("edit_search_ms", (median(ed["search"]) or 0) * 1000, "ms", "the search part")
     m.add("edit_chunks_embedded", median(ed["embedded"]), "chunks", "median per edit")
     m.add("edit_found", ed["found"], "notes", f"of {ed['edited']} edited notes, the word was found")
+    m.add("edit_found_first", ed["first"], "notes", "of those, the edited note was the first hit (the word is exact evidence)")
     m.add("edit_notes", ed["edited"], "notes")
     m.add("edit_max_tries", max(ed["tries"], default=0), "syncs", "sync+search rounds until found (1 = at once)")
 

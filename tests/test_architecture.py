@@ -213,6 +213,7 @@ def test_every_env_var_is_documented():
         "eval/bench.py",
         "eval/bench_store.py",
         "eval/bench_links.py",
+        "eval/plant_identifiers.py",
     ],
 )
 def test_every_cli_flag_is_documented(script):

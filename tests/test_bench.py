@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from kb_fixtures import REPO_ROOT
+from kb_fixtures import REPO_ROOT, SAMPLE_KB
 
 from kb_config import KBError
 
@@ -64,7 +64,7 @@ def test_bench_reports_every_metric_for_tiny_synthetic_vault(tmp_path):
     assert value["ingest_chunks_per_s"] > 0 and value["raw_embed_chunks_per_s"] > 0
     assert value["pipeline_overhead"] > -1
     assert value["nochange_sync_chunks_embedded"] == 0
-    assert value["edit_found"] == value["edit_notes"] == 5 and value["edit_chunks_embedded"] >= 1
+    assert value["edit_found"] == value["edit_found_first"] == value["edit_notes"] == 5 and value["edit_chunks_embedded"] >= 1
     assert 0 <= value["search_hybrid_abstain_share"] <= 1
     # Every number produced with the fake embedder says so; the server's ones name the real model.
     assert all(m["embedder"] == "fake-embedder" for k, m in metrics.items() if not k.startswith("server_"))
@@ -153,3 +153,32 @@ def test_bench_links_times_each_case_and_checks_incremental_against_fresh():
     assert result["notes"] == 60 and result["links"] == 180 and result["incremental_equals_fresh"] == 1.0
     for key in ("resolver_build_ms", "first_build_ms", "edit_p50_ms", "new_note_p50_ms", "takeover_ms"):
         assert result[key] >= 0, key
+
+
+def test_plant_identifiers_puts_every_planted_note_first_and_leaves_the_vault_alone(tmp_path):
+    """eval/plant_identifiers.py on a copy of the sample vault (hash embedder): every planted identifier's note comes
+    first despite its look-alikes, and the vault it copied from is unchanged."""
+    before = {p: p.read_bytes() for p in SAMPLE_KB.rglob("*") if p.is_file()}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "eval" / "plant_identifiers.py"),
+            "--kb-dir",
+            str(SAMPLE_KB),
+            "--out-dir",
+            str(tmp_path / "plant"),
+            "--rounds",
+            "3",
+            "--fake-embedder",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["rounds"] == 3 and result["searches"] == result["first"] == 9 and not result["misses"]
+    assert (tmp_path / "plant" / "vault" / "fresh-0-0.md").is_file()
+    assert {p: p.read_bytes() for p in SAMPLE_KB.rglob("*") if p.is_file()} == before
