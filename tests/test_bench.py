@@ -42,17 +42,22 @@ def _load_bench():
     return module
 
 
-def test_bench_reports_every_metric_for_tiny_synthetic_vault(tmp_path):
-    out = tmp_path / "bench"
+def _run_json(script: str, *args: str) -> dict:
+    """Run an eval script with --json in a subprocess; its parsed output (the test fails with its stderr otherwise)."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--synthetic", "50", "--fake-embedder", "--json", "--repeat", "2", "--out-dir", str(out)],
+        [sys.executable, str(REPO_ROOT / "eval" / script), *args, "--json"],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=REPO_ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_bench_reports_every_metric_for_tiny_synthetic_vault(tmp_path):
+    out = tmp_path / "bench"
+    data = _run_json("bench.py", "--synthetic", "50", "--fake-embedder", "--repeat", "2", "--out-dir", str(out))
     env, metrics = data["env"], data["metrics"]
     value = {k: m["value"] for k, m in metrics.items()}
     assert env["notes"] == 50 and env["chunks"] > 0 and env["chunks_embedded"] == env["chunks"]
@@ -159,26 +164,8 @@ def test_plant_identifiers_puts_every_planted_note_first_and_leaves_the_vault_al
     """eval/plant_identifiers.py on a copy of the sample vault (hash embedder): every planted identifier's note comes
     first despite its look-alikes, and the vault it copied from is unchanged."""
     before = {p: p.read_bytes() for p in SAMPLE_KB.rglob("*") if p.is_file()}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "eval" / "plant_identifiers.py"),
-            "--kb-dir",
-            str(SAMPLE_KB),
-            "--out-dir",
-            str(tmp_path / "plant"),
-            "--rounds",
-            "3",
-            "--fake-embedder",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO_ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    plant = ("--kb-dir", str(SAMPLE_KB), "--out-dir", str(tmp_path / "plant"), "--rounds", "3", "--fake-embedder")
+    result = _run_json("plant_identifiers.py", *plant)
     assert result["rounds"] == 3 and result["searches"] == result["first"] == 9 and not result["misses"]
     assert (tmp_path / "plant" / "vault" / "fresh-0-0.md").is_file()
     assert {p: p.read_bytes() for p in SAMPLE_KB.rglob("*") if p.is_file()} == before
