@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import say
+from harness import prepare_vault, say
 
 from kb_config import KBError, load_config, setup_logging
 
@@ -41,12 +41,11 @@ def _token(rng: random.Random) -> str:
 
 def copy_vault_and_index(kb_dir: Path, index_dir: Path | None, out_dir: Path) -> Any:
     """The config of a copy of the vault in out_dir/vault, with a copy of its index (if given) where that copy's index
-    lives, so a sync of the copy embeds nothing it already has."""
-    vault, data = out_dir / "vault", out_dir / "data"
-    if out_dir.resolve().is_relative_to(kb_dir.resolve()):
-        raise KBError(f"--out-dir {out_dir} is inside the vault {kb_dir}; pass a folder outside it")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(kb_dir, vault, symlinks=True)
+    lives, so a sync of the copy embeds nothing it already has. Replaces out_dir/vault and out_dir/data only."""
+    out_dir = out_dir.expanduser().resolve()
+    vault, _ = prepare_vault(out_dir, kb_dir, None)
+    data = out_dir / "data"
+    shutil.rmtree(data, ignore_errors=True)
     cfg = load_config(None, env={}, overrides={"kb_dir": str(vault), "data_dir": str(data)})
     if index_dir is not None:
         source = load_config(None, env={}, overrides={"kb_dir": str(kb_dir.resolve()), "data_dir": str(index_dir)})
@@ -116,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kb-dir", type=Path, required=True, help="the vault (read only: a copy is planted)")
     parser.add_argument("--index-dir", type=Path, help="the data dir of an index of that vault, copied so nothing is re-embedded")
-    parser.add_argument("--out-dir", type=Path, required=True, help="where the copy and its index go (replaced)")
+    parser.add_argument(
+        "--out-dir", type=Path, required=True, help="where the copy and its index go (its vault/ and data/ are replaced)"
+    )
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help=f"notes planted (default: {DEFAULT_ROUNDS})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--fake-embedder", action="store_true", help="a hash embedder instead of the models (tests)")
