@@ -17,7 +17,7 @@ from typing import Any
 
 from kb_config import KBError, LockTimeoutError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
 from kb_engine import Engine, ProgressFn
-from kb_vectors import make_embedder
+from kb_vectors import config_embedder
 
 # Threads one embedding batch is split over here (a foreground job: every core). The bundled MiniLM went 15 -> 28
 # texts/s on 2 idle cores and 16 -> 20 with one core busy; USE keeps its one BLAS thread (two: 85 -> 117 idle, but
@@ -77,13 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose, args.quiet, default="WARNING")
     try:
         cfg = load_cli_config(args)
-        embedder = make_embedder(
-            cfg.embed_model,
-            device=cfg.embed_device,
-            batch_size=cfg.embed_batch_size,
-            workers=INGEST_WORKERS,
-            allow_download=True,
-        )
+        embedder = config_embedder(cfg, workers=INGEST_WORKERS, allow_download=True)
         engine = Engine(cfg, embedder)
         engine.allow_mass_delete = args.allow_mass_delete
         progress, close = _progress_bar(not args.quiet and sys.stderr.isatty())

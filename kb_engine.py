@@ -39,7 +39,7 @@ from kb_state import (
 )
 from kb_store import VectorStore
 from kb_text import Tokenizer, cjk_share, content_hash
-from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, is_english_only, make_embedder
+from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, config_embedder, is_english_only
 from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
@@ -127,9 +127,7 @@ class Engine:
 
     def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
         self.cfg = cfg
-        self.embedder: Embedder = embedder or make_embedder(
-            cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size
-        )
+        self.embedder: Embedder = embedder or config_embedder(cfg)
         self.tokenizer = tokenizer or Tokenizer(
             cache_dir=cfg.cache_dir, word_table=WordTableFile(cfg.cache_dir / JIEBA_TABLE_FILE)
         )

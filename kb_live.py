@@ -132,15 +132,13 @@ class LiveIndex:
 
             from kb_engine import Engine
             from kb_search import Searcher
-            from kb_vectors import make_embedder
+            from kb_vectors import config_embedder
 
             # Every BLAS call of this process (the vector scan, the translation step, the gate), not only the models:
             # OpenBLAS's second thread spins after each call and took the core the client (or anything else) needed.
             threadpool_limits(SERVER_MODEL_THREADS)
             cfg = self.cfg
-            embedder = self._embedder or make_embedder(
-                cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, threads=SERVER_MODEL_THREADS
-            )
+            embedder = self._embedder or config_embedder(cfg, threads=SERVER_MODEL_THREADS)
             self.engine = Engine(cfg, embedder)
             self.searcher = Searcher(self.engine)
         except BaseException as e:  # reported by every tool call

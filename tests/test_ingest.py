@@ -462,7 +462,7 @@ def test_ingest_cli_prints_json_summary_and_creates_config_on_first_run(small_va
     monkeypatch.setattr(kb_config, "EXAMPLE_CONFIG_FILE", example)
     monkeypatch.delenv("KB_CONFIG", raising=False)
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setattr(ingest, "config_embedder", lambda *a, **k: HashEmbedder())
     assert ingest.main(["--kb-dir", str(small_vault), "--json"]) == 0
     out, err = capsys.readouterr()
     assert "created" in err and (tmp_path / "config.yaml").is_file()
@@ -474,7 +474,7 @@ def test_ingest_cli_prints_json_summary_and_creates_config_on_first_run(small_va
 
 def test_ingest_cli_exits_1_with_message_for_missing_model(small_vault, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: _BrokenModel())
+    monkeypatch.setattr(ingest, "config_embedder", lambda *a, **k: _BrokenModel())
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"kb_dir: {small_vault}\n", encoding="utf-8")
     assert ingest.main(["--config", str(cfg_file)]) == 1
@@ -624,7 +624,7 @@ def test_sync_removes_a_few_deleted_notes_as_usual(sample_vault, make_engine, tm
 
 
 def test_ingest_refuses_to_empty_the_index_without_the_flag(sample_vault, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setattr(ingest, "config_embedder", lambda *a, **k: HashEmbedder())
     monkeypatch.setenv("KB_CONFIG", str(_blank_config(tmp_path)))
     args = ["--kb-dir", str(sample_vault), "-q"]
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
@@ -641,7 +641,7 @@ def test_ingest_on_a_full_index_disk_says_what_to_do_and_exits_1(small_vault, tm
 
     import kb_files
 
-    monkeypatch.setattr(ingest, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setattr(ingest, "config_embedder", lambda *a, **k: HashEmbedder())
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
 
     def full(*a, **k):
@@ -707,7 +707,7 @@ def test_ingest_splits_the_bundled_minilm_batches_over_every_core_and_keeps_use_
 
     monkeypatch.setenv("KB_CONFIG", str(_blank_config(tmp_path)))
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(ingest, "make_embedder", recording)
+    monkeypatch.setattr(ingest, "config_embedder", recording)
     assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 0
     assert asked["workers"] == ingest.INGEST_WORKERS == (os.cpu_count() or 1)
     use, minilm = make_embedder("use-multilingual,all-MiniLM-L6-v2", workers=3).parts  # nothing is loaded
