@@ -11,6 +11,7 @@ Imports: kb_config, kb_files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import threading
@@ -142,7 +143,8 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
     except (OSError, ValueError, TypeError, AttributeError, pickle.PicklingError) as e:
         logger.warning("not caching the USE encoder in %s (%s); every start loads it the wheel's way", base.parent, e)
         for p in (table_path, state_path):
-            p.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # e.g. mapped by another process on Windows: it is ignored next time
+                p.unlink(missing_ok=True)
         return
     logger.info("cached the USE encoder in %s: later starts map its table instead of building it", base.parent)
 
