@@ -147,6 +147,10 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
                 p.unlink(missing_ok=True)
         return
     logger.info("cached the USE encoder in %s: later starts map its table instead of building it", base.parent)
+    for old in base.parent.glob("use-m3-*"):  # an earlier wheel's cache (~85 MB): nothing reads it any more
+        if not old.name.startswith(base.name):
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

