@@ -122,7 +122,8 @@ def open_vector_store(cfg: Config, model: str) -> Any:
 class Engine:
     """One vault's index as this process sees it, kept equal to the notes on disk by sync_all / apply_file_changes.
 
-    `view` (files, chunks, bm25, and the vectors in chunk terms) is what searches read; `store` holds the vectors. Writers serialize on a file lock held only for commits, never while embedding.
+    `view` (files, chunks, bm25, and the vectors in chunk terms) is what searches read; `store` holds the vectors.
+    Writers serialize on a file lock held only for commits, never while embedding.
     """
 
     def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
