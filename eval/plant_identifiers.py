@@ -4,7 +4,8 @@ searched in hybrid mode with the configured models; the note that holds the iden
 Works on a copy of the vault and of its index (one built by `run_eval.py --index-dir`, or by ingest.py: pass its
 data dir), so only the planted notes are embedded and the vault itself is never written. The first round is the
 issue's reproduction when the vault has pages/common/tar.md (tldr): `marker zq0e3ba105b1` appended to tar.md, two
-notes holding `zq1ebabdf863` and `zqd17f683628`. Prints a table, or JSON with --json. Imports the project modules.
+notes holding `zq1ebabdf863` and `zqd17f683628`. Prints a table, or JSON with --json; exits 2
+when a planted note was not first, 1 on an error. Imports the project modules.
 
 Usage: python eval/plant_identifiers.py --kb-dir DIR [--index-dir DIR] --out-dir DIR [--rounds N] [--json]
 """
