@@ -190,14 +190,19 @@ class BM25Index:
         return out
 
     def term_idf(self, tokens: Iterable[str]) -> dict[str, float]:
-        """idf of each distinct token; a token absent from the index gets the highest possible idf."""
+        """A weight per distinct token for how much of a query a chunk holds: Lucene's idf, ln(1 + (N - df + 0.5) /
+        (df + 0.5)), highest for a token absent from the index.
+
+        Always positive, unlike the scores' idf (rank_bm25's is 0 for a word in half the chunks and floored below):
+        in a vault of two notes every word weighed 0, so a note holding every word of the query held "none" of it,
+        and a keyword search answered nothing relevant. On the dev sets the gate decides exactly as before.
+        """
         n = len(self._slot_of)
-        idf = self._idf()
-        top = math.log(n + 0.5) - math.log(0.5) if n else 1.0
         out: dict[str, float] = {}
         for t in tokens:
             tid = self._term_ids.get(t)
-            out[t] = float(idf[tid]) if tid is not None and self._df[tid] > 0 else top
+            df = max(self._df[tid], 0) if tid is not None else 0
+            out[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
         return out
 
     def terms_in(self, chunk_id: str, tokens: Iterable[str]) -> set[str]:

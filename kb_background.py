@@ -37,6 +37,8 @@ NEAREST_EXCLUDED = 10
 MIN_BACKGROUND = 20
 # Cosine differences below this are float noise (a background of identical cosines has no spread).
 COSINE_EPSILON = 1e-6
+# Notes whose mean vectors are computed in one pass (bounds the pass's copy of their chunk vectors: ~8 MB at 512 floats).
+NOTE_BLOCK = 2048
 # Chunks whose language is remembered (cleared when full; ids are content-addressed, so never stale).
 CJK_CACHE_CHUNKS = 500_000
 
@@ -207,6 +209,35 @@ class Background:
         notes.nearest[path] = found
         return found
 
+    def _note_means(self, todo: list[str], records: dict[str, tuple[str, ...]], slots: slice) -> dict[str, np.ndarray]:
+        """Each note's unit mean vector in `slots` (notes without a stored vector left out), NOTE_BLOCK notes per pass:
+        one gather and one np.add.reduceat each, where a mean per note cost ~0.3 s at 9,000 notes before the first
+        semantic answer."""
+        out: dict[str, np.ndarray] = {}
+        block: np.ndarray | None = None  # the new vectors in one allocation (thousands of small ones fragment the heap)
+        for start in range(0, len(todo), NOTE_BLOCK):
+            notes = todo[start : start + NOTE_BLOCK]
+            stored = self.view.vectors_of([c for p in notes for c in records[p]])
+            rows: list[np.ndarray] = []
+            counts: list[int] = []
+            for p in notes:
+                got = [stored[c][slots] for c in records[p] if c in stored]
+                rows.extend(got)
+                counts.append(len(got))
+            if not rows:
+                continue
+            held = [i for i, n in enumerate(counts) if n]
+            starts = np.cumsum([0, *(counts[i] for i in held[:-1])])
+            sums = np.add.reduceat(np.asarray(rows, dtype=np.float32), starts, axis=0)
+            sums /= np.asarray([counts[i] for i in held], dtype=np.float32)[:, None]
+            sums /= np.maximum(np.linalg.norm(sums, axis=1), COSINE_EPSILON)[:, None]
+            if block is None:
+                block = np.empty((len(todo), sums.shape[1]), dtype=np.float32)
+            for row, i in zip(sums, held):
+                block[start + i] = row
+                out[notes[i]] = block[start + i]
+        return out
+
     def _note_matrix(self, model: str) -> _NoteMatrix | None:
         """Every note's vector in `model`'s slots (rebuilt when the view or the vectors changed; a note whose chunks
         and vector are unchanged is reused)."""
@@ -219,20 +250,11 @@ class Background:
         cache = self._note_vectors
         todo = [p for p, chunks in records.items() if p not in cache or cache[p][0] != chunks or cache[p][1] is None]
         if todo:
-            stored = view.vectors_of([c for p in todo for c in records[p]])
-            block: np.ndarray | None = None  # the new vectors in one allocation (thousands of small ones fragment the heap)
-            for j, p in enumerate(todo):
-                rows = [stored[c][slots] for c in records[p] if c in stored]
-                vec = None
-                if rows:
-                    m = np.mean(rows, axis=0)
-                    if block is None:
-                        block = np.empty((len(todo), len(m)), dtype=np.float32)
-                    block[j] = m / max(float(np.linalg.norm(m)), COSINE_EPSILON)
-                    vec = block[j]
+            means = self._note_means(todo, records, slots)
+            for p in todo:
                 # the note's language: that of most of its chunks
                 langs = [self.is_cjk(c) for c in view.chunks_by_id(records[p])]
-                cache[p] = (records[p], vec, 2 * sum(langs) > len(langs))
+                cache[p] = (records[p], means.get(p), 2 * sum(langs) > len(langs))
         for p in [p for p in cache if p not in records]:
             del cache[p]
         # One copy of the vectors: the notes grouped by language (each language's own order kept, for "the first of

@@ -155,10 +155,14 @@ class LiveIndex:
             self._walked(background=True)
         except Exception:
             logger.exception("start-up sync of the keyword view failed; the next search retries")
+        # Searches may answer now: jieba reads its dictionary (0.2-0.4 s) next, before the model, for Chinese only. A
+        # Chinese search that comes meanwhile waits for that read (the dictionary's lock), as it waited for this
+        # event before; English words never touch jieba, so an English first answer no longer waits for it.
+        self._view_ready.set()
         try:
-            engine.view.tokenize("预热 warm-up")  # jieba loads its dictionary lazily (~0.4 s): not in a search
-        finally:
-            self._view_ready.set()
+            engine.view.load_dictionary()
+        except Exception:
+            logger.exception("loading jieba's dictionary failed; the first Chinese search retries")
         try:
             engine.load_vectors()
         except Exception:

@@ -310,6 +310,10 @@ class IndexView:
         with self.mutex:
             return self.tokenizer.tokenize(text)
 
+    def load_dictionary(self) -> None:
+        """Read jieba's dictionary without holding the view's lock, so searches in English answer during the read."""
+        self.tokenizer.load_dictionary()
+
     def keyword(self, tokens: list[str], n: int, accept: ChunkPredicate | None = None) -> list[tuple[str, float]]:
         """The n best chunks for `tokens` by BM25, best first."""
         with self.mutex:

@@ -287,6 +287,42 @@ def test_first_search_answers_with_keywords_while_the_model_loads(small_vault, t
         kb.shutdown()
 
 
+def test_an_english_first_answer_does_not_wait_for_jiebas_dictionary(tmp_path, monkeypatch):
+    """jieba reads its dictionary (0.2-0.4 s on tldr) after the keyword view is ready: English words never go through
+    it, so an English search answers during that read; a Chinese one waits for it, as every search once did."""
+    import kb_text
+
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "ledger.md").write_text("# Ledger\n\nThe PostgreSQL ledger moved to the new host.\n", encoding="utf-8")
+    (vault / "备忘.md").write_text("# 备忘\n\n周五记得续费域名。\n", encoding="utf-8")
+    cfg = make_config(vault, tmp_path / "data")
+    from kb_engine import Engine
+
+    built = Engine(cfg, HashEmbedder())
+    built.sync_all()
+    built.save_view()  # as ingest.py leaves it: the next start reads no note
+    monkeypatch.setattr(kb_live, "STARTUP_WAIT_S", 10.0)  # a search that waits for jieba fails in 10 s, not 60
+    kb = mcp_server.KnowledgeBase(cfg, embedder=HashEmbedder())
+    chinese: list[list[str]] = []
+    with kb_text._DICTIONARY_LOCK:  # as if jieba were still reading its dictionary
+        kb.start()
+        try:
+            assert [h["path"] for h in kb.search("PostgreSQL ledger", mode="keyword")[1]["hits"]] == ["ledger.md"]
+            asker = threading.Thread(target=lambda: chinese.append(_hits(kb, "续费域名")))
+            asker.start()
+            asker.join(0.3)
+            assert asker.is_alive()  # the Chinese search waits for the dictionary
+        except BaseException:
+            kb.shutdown()
+            raise
+    try:
+        asker.join(WAIT_S)
+        assert chinese == [["备忘.md"]]
+    finally:
+        kb.shutdown()
+
+
 def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(small_vault, tmp_path):
     model = _SlowModel()
     kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)
