@@ -323,6 +323,21 @@ def test_an_english_first_answer_does_not_wait_for_jiebas_dictionary(tmp_path, m
         kb.shutdown()
 
 
+def test_start_up_turns_the_garbage_collector_back_on_even_when_loading_fails():
+    """The collector is paused while the view and the models load (they make ~300k objects and no cycles); it must
+    be on again afterwards, also after a failed load, or every later cycle would leak."""
+    import gc
+
+    try:
+        with pytest.raises(OSError), kb_live._collector_paused():
+            assert not gc.isenabled()
+            raise OSError("disk went away")
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(small_vault, tmp_path):
     model = _SlowModel()
     kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)
