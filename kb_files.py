@@ -15,7 +15,9 @@ import sys
 import tempfile
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +50,17 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None, dura
     `mode` sets the new file's permission bits (e.g. a note's own); `durable=False` skips the fsyncs for
     caches that are cheap to rebuild.
     """
+    atomic_write_with(path, lambda f: f.write(data), mode=mode, durable=durable)
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], object], *, mode: int | None = None, durable: bool = True) -> None:
+    """atomic_write_bytes for a writer that streams into the file (`write(f)`), so a large file never has to be
+    held in memory whole first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

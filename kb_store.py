@@ -3,7 +3,7 @@
 Each write adds one segment file (`vectors/seg-*.npz`, written atomically) *before* state.json names it, so a reader
 that follows state.json only ever loads complete segments, and a crash leaves at most an unnamed file that the next
 writer sweeps. No process holds a database open, so any number of processes read at once and a killed one corrupts
-nothing. Search is an exact cosine (one matrix-vector product). Imports: kb_config, kb_files.
+nothing. Search is an exact cosine (a matrix-vector product per segment). Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DTYPE = np.float32
 
 
 class VectorStore:
-    """The vectors of one index as this process sees them: the segments state.json names, merged in memory.
+    """The vectors of one index as this process sees them: the segments state.json names, each one block in memory.
 
     Writers call `write_segment` (under the index lock) and then commit state.json naming the new list of segments;
     readers call `load(segment_names)` with the list they read from state.json. Thread-safe.
@@ -47,8 +47,11 @@ class VectorStore:
         self._lock = threading.RLock()
         self._segments: tuple[str, ...] = ()
         self._keys: list[str] = []
-        self._row: dict[str, int] = {}
-        self._matrix = np.zeros((0, 0), dtype=DTYPE)
+        self._row: dict[str, int] = {}  # content -> its row, counted over the blocks in order
+        # One block of vectors per segment, as read or written, never copied into one matrix: a commit adds a small
+        # block, where concatenating made a second copy of every vector (+64 MB at tldr, the server's memory peak).
+        self._blocks: list[np.ndarray] = []
+        self._starts = np.zeros(0, dtype=np.int64)  # each block's first row
         self._cache: dict[str, tuple[list[str], np.ndarray]] = {}  # segment name -> (keys, vectors)
 
     # ---- what is loaded ---------------------------------------------------------------------------------------
@@ -59,7 +62,7 @@ class VectorStore:
 
     @property
     def dim(self) -> int:
-        return int(self._matrix.shape[1]) if self._matrix.size else 0
+        return int(self._blocks[0].shape[1]) if self._blocks else 0
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -80,33 +83,38 @@ class VectorStore:
             if names == self._segments:
                 return
             loaded = {n: self._cache.get(n) or self._read(n) for n in names}
-            keys: list[str] = []
-            parts: list[np.ndarray] = []
             dims = {v.shape[1] for _, v in loaded.values() if len(v)}
             if len(dims) > 1:
                 raise IndexFormatError(
                     f"vector segments in {self.folder} have different sizes {sorted(dims)}; "
                     "run `python ingest.py --rebuild` to re-embed"
                 )
+            keys: list[str] = []
+            blocks: list[np.ndarray] = []
+            starts: list[int] = []
             for n in names:
                 k, v = loaded[n]
+                if len(k):
+                    starts.append(len(keys))
+                    blocks.append(v)
                 keys.extend(k)
-                parts.append(v)
             row: dict[str, int] = {}
             for i, k in enumerate(keys):
                 row[k] = i  # a later segment's copy of the same text wins; either vector is the same model's
-            if not dims:
-                matrix = np.zeros((0, 0), dtype=DTYPE)
-            else:
-                matrix = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            # One copy of every vector: each cached segment becomes a view of the matrix (its own array is freed).
-            start = 0
-            for n in names:
-                k = loaded[n][0]
-                loaded[n] = (k, matrix[start : start + len(k)] if dims else loaded[n][1])
-                start += len(k)
-            self._matrix = matrix
+            self._blocks, self._starts = blocks, np.asarray(starts, dtype=np.int64)
             self._keys, self._row, self._segments, self._cache = keys, row, names, loaded
+
+    def _rows(self, rows: Sequence[int]) -> np.ndarray:
+        """The vectors at these rows, in order, as one (len(rows), dim) array (a copy); the caller holds the lock."""
+        if len(self._blocks) == 1:
+            return self._blocks[0][list(rows)]
+        wanted = np.asarray(rows, dtype=np.int64)
+        at = np.searchsorted(self._starts, wanted, side="right") - 1
+        out = np.empty((len(wanted), self.dim), dtype=DTYPE)
+        for b in np.unique(at).tolist():
+            mine = at == b
+            out[mine] = self._blocks[b][wanted[mine] - self._starts[b]]
+        return out
 
     def _read(self, name: str) -> tuple[list[str], np.ndarray]:
         path = self.folder / name
@@ -155,7 +163,7 @@ class VectorStore:
             if not fragmented and not (dead >= COMPACT_MIN_DEAD and dead > COMPACT_DEAD_SHARE * len(self._keys)):
                 return None
             keep = [k for k in self._row if k in live]
-            matrix = self._matrix[[self._row[k] for k in keep]] if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
+            matrix = self._rows([self._row[k] for k in keep]) if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
             return (self._write(keep, matrix),) if keep else ()
 
     def clear(self) -> None:
@@ -186,7 +194,10 @@ class VectorStore:
     def vector(self, content: str) -> np.ndarray | None:
         with self._lock:
             i = self._row.get(content)
-            return None if i is None else self._matrix[i]
+            if i is None:
+                return None
+            b = int(np.searchsorted(self._starts, i, side="right")) - 1
+            return self._blocks[b][i - int(self._starts[b])]
 
     def _query(self, query: Sequence[float]) -> np.ndarray:
         q = np.asarray(query, dtype=DTYPE)
@@ -203,7 +214,7 @@ class VectorStore:
             rows = [(c, self._row[c]) for c in contents if c in self._row]
             if not rows:
                 return {}
-            sims = self._matrix[[i for _, i in rows]] @ self._query(query)
+            sims = self._rows([i for _, i in rows]) @ self._query(query)
         return {c: float(s) for (c, _), s in zip(rows, sims)}
 
     def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]:
@@ -220,7 +231,8 @@ class VectorStore:
             if not self._keys or not queries:
                 return [[] for _ in queries]
             q = np.stack([self._query(v) for v in queries], axis=1)
-            sims_all = self._matrix @ q
+            parts = [b @ q for b in self._blocks]
+            sims_all = parts[0] if len(parts) == 1 else np.concatenate(parts)
             keys = self._keys
         out: list[list[tuple[str, float]]] = []
         for j, n in enumerate(ns):

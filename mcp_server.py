@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from kb_config import SEARCH_MODES, Config, KBError, add_common_args, load_cli_config, setup_logging
-from kb_live import load_model
+from kb_live import load_model, use_one_malloc_arena
 from kb_tools import KnowledgeBase, fit, format_search, quote
 
 logger = logging.getLogger("mcp_server")
@@ -220,6 +220,7 @@ def build_server(kb: KnowledgeBase) -> Any:
 
 def serve(cfg: Config) -> int:
     """Serve MCP over stdio (the SDK's own transport) until the client goes away, then exit at once."""
+    use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
     server = build_server(kb)  # imports the SDK (~0.7 s); `initialize` is answered as soon as run() starts
     try:
@@ -242,6 +243,7 @@ def serve_http_transport(cfg: Config, host: str, port: int) -> int:
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
     server = build_server(kb)
     kb.start()  # index and model load now, not at the first session

@@ -218,7 +218,7 @@ def test_save_index_leaves_no_temp_files(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["bm25.pkl.gz"]
 
 
-@pytest.mark.parametrize("failing", ["pickle.dumps", "os.replace", "gzip"])
+@pytest.mark.parametrize("failing", ["pickle.dump", "os.replace", "gzip"])
 def test_save_index_keeps_the_previous_file_loadable_when_writing_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
@@ -226,12 +226,14 @@ def test_save_index_keeps_the_previous_file_loadable_when_writing_fails(
     save_index(build_index([("old", ["x"])]), path, {"generation": 1})
 
     def boom(*args: object, **kwargs: object) -> None:
+        if failing == "pickle.dump":
+            args[1].write(b"half a pickle")  # type: ignore[attr-defined]  # the stream is cut mid-way
         raise OSError("disk full")
 
     owner, attr = {
-        "pickle.dumps": (bm25_index.pickle, "dumps"),
+        "pickle.dump": (bm25_index.pickle, "dump"),  # fails mid-stream: the temp file is partly written
         "os.replace": (kb_files.os, "replace"),
-        "gzip": (bm25_index.gzip, "compress"),
+        "gzip": (bm25_index.gzip, "GzipFile"),
     }[failing]
     monkeypatch.setattr(owner, attr, boom)
     with pytest.raises(OSError, match="disk full"):

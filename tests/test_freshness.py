@@ -338,6 +338,33 @@ def test_start_up_turns_the_garbage_collector_back_on_even_when_loading_fails():
         gc.unfreeze()
 
 
+def test_the_servers_memory_calls_are_skipped_where_there_is_no_glibc(monkeypatch):
+    """malloc_trim and mallopt are glibc's: on macOS, Windows or musl the server must start and save as usual."""
+    calls = []
+
+    class NoLibc:
+        def __init__(self, name):
+            raise OSError(f"{name}: no such library")
+
+    monkeypatch.setattr(kb_live.ctypes, "CDLL", NoLibc)
+    kb_live.use_one_malloc_arena()
+    kb_live._return_freed_memory()
+
+    class Libc:
+        def __init__(self, name):
+            pass
+
+        def __getattr__(self, name):
+            if name == "mallopt":
+                raise AttributeError(name)  # a C library without it
+            return lambda *args: calls.append((name, args))
+
+    monkeypatch.setattr(kb_live.ctypes, "CDLL", Libc)
+    kb_live.use_one_malloc_arena()
+    kb_live._return_freed_memory()
+    assert calls == [("malloc_trim", (0,))]
+
+
 def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(small_vault, tmp_path):
     model = _SlowModel()
     kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)

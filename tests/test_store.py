@@ -141,3 +141,28 @@ def test_loaded_vectors_are_held_once_however_many_segments(tmp_path):
     assert grown < 1.3 * 2 * one_segment, grown / one_segment
     assert held[0] < 1.3 * one_segment and held[1] < 1.3 * 2 * one_segment, [h / one_segment for h in held]
     assert len(writer) == 4000 and writer.nearest(writer.vector("b7").tolist(), 1)[0][0] == "b7"
+
+
+def test_a_commits_new_segment_is_loaded_without_copying_the_vectors_already_held(tmp_path):
+    """A server's edit adds a small segment: adopting it must not copy every vector held (concatenating them into
+    one matrix did, +64 MB at tldr on every commit: the server's memory peak), and searches see both segments."""
+    import tracemalloc
+
+    rng = np.random.default_rng(1)
+    big, small = rng.random((4000, 256), dtype=np.float32), rng.random((3, 256), dtype=np.float32)
+    store = VectorStore(tmp_path)
+    first = store.write_segment({f"a{i}": v for i, v in enumerate(big)})
+    store.load(first)
+    both = store.write_segment({f"b{i}": v for i, v in enumerate(small)})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        store.load(both)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.1 * big.nbytes, peak / big.nbytes
+    query = small[1] / np.linalg.norm(small[1])
+    assert store.nearest(query.tolist(), 1)[0][0] == "b1"
+    assert store.cosines(query.tolist(), ["b1", "a7"])["b1"] == pytest.approx(float(small[1] @ query), abs=1e-6)
+    assert np.array_equal(store.vector("a7"), big[7]) and np.array_equal(store.vector("b2"), small[2])
