@@ -31,6 +31,7 @@ from harness import (
     peak_memory_mb,
     percentile,
     prepare_vault,
+    resident_memory_mb,
     say,
     write_config,
 )
@@ -199,11 +200,12 @@ async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: 
             t = time.perf_counter()
             await search(session, q, mode)
             times.append(time.perf_counter() - t)
+        resident = resident_memory_mb(server.pid) if server.pid is not None else (None, None)
         edits = await bench_edits(session, vault, mode, tag)
         with anyio.fail_after(CALL_TIMEOUT_S):
             status = (await session.call_tool("index_status", {})).structured_content or {}
         memory = peak_memory_mb(server.pid) if server.pid is not None else (None, "")
-    return {"times": times, "edits": edits, "status": status, "memory": memory}
+    return {"times": times, "edits": edits, "status": status, "memory": memory, "resident": resident}
 
 
 def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
@@ -263,6 +265,8 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
             add("search_p50_ms", median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
             add("search_p95_ms", percentile(se["times"], 0.95) * 1000, "ms")
             add("server_peak_rss_mb", se["memory"][0], "MB", se["memory"][1] + ", after the searches and edits")
+            add("server_rss_mb", se["resident"][0], "MB", "VmRSS after the searches (model loaded, index open)")
+            add("server_private_mb", se["resident"][1], "MB", "RssAnon then: the part no other process shares")
             for kind, (found, tries) in se["edits"].items():
                 add(f"edit_{kind}_ms", None if found is None else found * 1000, "ms", "saved -> the reply that shows it")
                 add(f"edit_{kind}_searches", tries if found is not None else None, "searches", "1 = the very next search")

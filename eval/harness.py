@@ -171,6 +171,16 @@ def peak_memory_mb(pid: int) -> tuple[float | None, str]:
     return psutil.Process(pid).memory_info().rss / 2**20, "RSS from psutil (current, not peak)"
 
 
+def resident_memory_mb(pid: int) -> tuple[float | None, float | None]:
+    """(resident, of it anonymous) MB of a live process now, from /proc (VmRSS, RssAnon); (None, None) elsewhere.
+    Anonymous memory is the process's own; the rest are file pages (mapped models, libraries) other processes share."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        return None, None
+
+
 class Busy:
     """A process spinning one core for the duration of a `with` block (and never longer than BUSY_MAX_S)."""
 

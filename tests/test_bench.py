@@ -129,6 +129,9 @@ def test_bench_mcp_mode_times_launch_searches_and_every_edit_kind_quiet_and_busy
             assert value[f"mcp_edit_{kind}_ms{suffix}"] > 0, kind  # None: never found
             assert value[f"mcp_edit_{kind}_searches{suffix}"] >= 1
         assert value[f"mcp_full_walks_before_search{suffix}"] == 0  # edits came from file events
+        # memory with the model loaded and the index open: its own part within it, and within the later peak
+        rss, private = value[f"mcp_server_rss_mb{suffix}"], value[f"mcp_server_private_mb{suffix}"]
+        assert 0 < private < rss <= value[f"mcp_server_peak_rss_mb{suffix}"]
     assert (out / "vault").is_dir() and (out / "server.log").is_file()
 
 
