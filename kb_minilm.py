@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 without torch: the bundled sentence-transformers model's BERT forward pass in numpy.
 
 Owns MiniLMEmbedder (the kb_vectors embedder protocol) and the safetensors reader; the tokenizers and threadpoolctl
-packages are imported where they are used. Imports: kb_config.
+packages are imported where they are used. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import ModelUnavailableError
+from kb_files import atomic_write_with
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,13 @@ ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 # Files of the model folder this embedder reads.
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+# The layers' four weight matrices, laid out as the forward pass multiplies them, in one .npy of the per-user cache
+# (mapped read-only: every server shares one copy in the page cache instead of each holding 42 MB of its own).
+LAYER_CACHE_PREFIX = "minilm-layers-"
+# Bump when _Layer's prepared layout changes: an older cache file is then ignored and replaced.
+LAYER_CACHE_LAYOUT = 1
+# Which _Layer attributes the cache holds, in this order per layer.
+CACHED_WEIGHTS = ("qkv_w", "out_w", "ff1_w", "ff2_w")
 
 
 def bundled_model_path() -> Path:
@@ -148,27 +156,105 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) 
 class _Layer:
     """One transformer layer's weights, laid out (in, out) and contiguous for x @ W; Q, K and V fused."""
 
-    def __init__(self, w: dict[str, np.ndarray], prefix: str, head_dim: int) -> None:
+    def __init__(
+        self, w: dict[str, np.ndarray], prefix: str, head_dim: int, prepared: dict[str, np.ndarray] | None = None
+    ) -> None:
+        """From the checkpoint's tensors `w`; `prepared` gives the CACHED_WEIGHTS already laid out (from the cache)."""
+
         def get(name: str) -> np.ndarray:
             return np.asarray(w[f"{prefix}.{name}"], dtype=np.float32)
 
         # 1/sqrt(head_dim) is folded into the query projection instead of scaling every score matrix.
         scale = np.float32(1.0 / math.sqrt(head_dim))
         att = "attention.self"
-        self.qkv_w = np.ascontiguousarray(
-            np.concatenate([get(f"{att}.query.weight").T * scale, get(f"{att}.key.weight").T, get(f"{att}.value.weight").T], 1)
-        )
+        if prepared is not None:
+            self.qkv_w, self.out_w, self.ff1_w, self.ff2_w = (prepared[n] for n in CACHED_WEIGHTS)
+        else:
+            self.qkv_w = np.ascontiguousarray(
+                np.concatenate(
+                    [get(f"{att}.query.weight").T * scale, get(f"{att}.key.weight").T, get(f"{att}.value.weight").T], 1
+                )
+            )
+            self.out_w = np.ascontiguousarray(get("attention.output.dense.weight").T)
+            self.ff1_w = np.ascontiguousarray(get("intermediate.dense.weight").T)
+            self.ff2_w = np.ascontiguousarray(get("output.dense.weight").T)
         self.qkv_b = np.concatenate([get(f"{att}.query.bias") * scale, get(f"{att}.key.bias"), get(f"{att}.value.bias")])
-        self.out_w = np.ascontiguousarray(get("attention.output.dense.weight").T)
         self.out_b = get("attention.output.dense.bias").copy()
         self.ln1_g = get("attention.output.LayerNorm.weight").copy()
         self.ln1_b = get("attention.output.LayerNorm.bias").copy()
-        self.ff1_w = np.ascontiguousarray(get("intermediate.dense.weight").T)
         self.ff1_b = get("intermediate.dense.bias").copy()
-        self.ff2_w = np.ascontiguousarray(get("output.dense.weight").T)
         self.ff2_b = get("output.dense.bias").copy()
         self.ln2_g = get("output.LayerNorm.weight").copy()
         self.ln2_b = get("output.LayerNorm.bias").copy()
+
+
+class _LayerCache:
+    """The prepared layer weights of one checkpoint in the per-user cache: one float32 .npy (every layer's
+    CACHED_WEIGHTS, flattened, in order), named after the checkpoint's size and time and the layout. Written once,
+    checked equal to the weights it was written from, then mapped read-only by every later process; a file that is
+    missing, torn or of another layout is (re)written. Failures are logged and leave the weights in memory."""
+
+    def __init__(self, checkpoint: Path, cache_dir: Path, w: dict[str, np.ndarray], n_layers: int) -> None:
+        st = checkpoint.stat()
+        self.folder = cache_dir
+        self.path = cache_dir / f"{LAYER_CACHE_PREFIX}{LAYER_CACHE_LAYOUT}-{st.st_size}-{st.st_mtime_ns}.npy"
+        hidden = w["encoder.layer.0.attention.self.query.weight"].shape[0]
+        inner = w["encoder.layer.0.intermediate.dense.weight"].shape[0]
+        self.shapes = {
+            "qkv_w": (hidden, 3 * hidden),
+            "out_w": (hidden, hidden),
+            "ff1_w": (hidden, inner),
+            "ff2_w": (inner, hidden),
+        }
+        self.n_layers = n_layers
+
+    def _views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
+        flat = np.asarray(flat)  # plain arrays over the mapping: np.memmap's subclass hooks would run on every product
+        out, at = [], 0
+        for _ in range(self.n_layers):
+            layer = {}
+            for n in CACHED_WEIGHTS:
+                size = math.prod(self.shapes[n])
+                layer[n] = flat[at : at + size].reshape(self.shapes[n])
+                at += size
+            out.append(layer)
+        return out
+
+    def read(self) -> list[dict[str, np.ndarray]] | None:
+        """Each layer's weights as read-only views of the mapped file, or None when there is no usable file."""
+        if not self.path.is_file():
+            return None
+        total = self.n_layers * sum(math.prod(shape) for shape in self.shapes.values())
+        try:
+            flat = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            if flat.dtype != np.float32 or flat.shape != (total,):
+                raise ValueError(f"{flat.dtype} {flat.shape}, expected float32 ({total},)")
+        except (OSError, ValueError) as e:  # torn or foreign: written again
+            logger.info("ignoring the MiniLM layer cache %s (%s); it is rewritten", self.path, e)
+            return None
+        return self._views(flat)
+
+    def write(self, layers: Sequence[_Layer]) -> list[dict[str, np.ndarray]] | None:
+        """Store the layers' weights; their mapped views when the stored file reads back equal, else None (logged)."""
+        flat = np.concatenate([getattr(layer, n).ravel() for layer in layers for n in CACHED_WEIGHTS])
+        try:
+            atomic_write_with(self.path, lambda f: np.save(f, flat, allow_pickle=False), durable=False)
+            stored = self.read()
+            if stored is None or not all(
+                np.array_equal(s[n], getattr(layer, n)) for s, layer in zip(stored, layers) for n in CACHED_WEIGHTS
+            ):
+                raise ValueError("the stored weights differ from the model's")
+        except (OSError, ValueError) as e:
+            logger.warning("not caching MiniLM's layers in %s (%s); each process keeps its own copy", self.folder, e)
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
+            return None
+        for old in self.folder.glob(f"{LAYER_CACHE_PREFIX}*"):  # another checkpoint's or layout's: nothing reads it
+            if old != self.path:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        logger.info("cached MiniLM's layers in %s: later starts map them, shared between processes", self.folder)
+        return stored
 
 
 class MiniLMModel:
@@ -178,7 +264,8 @@ class MiniLMModel:
     text never attends to another text's tokens and no attention mask is needed.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, cache_dir: Path | None = None) -> None:
+        """The model in `folder`; with `cache_dir`, its layers are read from (or first written to) the layer cache."""
         missing = [f for f in MODEL_FILES if not (folder / f).is_file()]
         if missing:
             raise ModelUnavailableError(
@@ -206,7 +293,17 @@ class MiniLMModel:
             self.emb_ln_g = np.array(w["embeddings.LayerNorm.weight"], dtype=np.float32)
             self.emb_ln_b = np.array(w["embeddings.LayerNorm.bias"], dtype=np.float32)
             n_layers = int(config["num_hidden_layers"])
-            self.layers = [_Layer(w, f"encoder.layer.{i}", self.head_dim) for i in range(n_layers)]
+            cache = _LayerCache(folder / "model.safetensors", cache_dir, w, n_layers) if cache_dir is not None else None
+            prepared = cache.read() if cache is not None else None
+            self.layers = [
+                _Layer(w, f"encoder.layer.{i}", self.head_dim, prepared[i] if prepared else None) for i in range(n_layers)
+            ]
+            if cache is not None and prepared is None:
+                shared = cache.write(self.layers)
+                if shared is not None:  # this process maps the cache too: its own copies are freed
+                    for layer, weights in zip(self.layers, shared):
+                        for n in CACHED_WEIGHTS:
+                            setattr(layer, n, weights[n])
             _drop_pages(self.word)
         except KeyError as e:
             raise ModelUnavailableError(
@@ -351,9 +448,16 @@ class MiniLMEmbedder:
     Example: MiniLMEmbedder(threads=1).embed_query("how do I read the logs") -> 384 floats of norm 1.
     """
 
-    def __init__(self, folder: Path | None = None, threads: int | None = None, batch_size: int = MINILM_BATCH_SIZE) -> None:
+    def __init__(
+        self,
+        folder: Path | None = None,
+        threads: int | None = None,
+        batch_size: int = MINILM_BATCH_SIZE,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.name = MINILM_MODEL_NAME
         self.folder = folder
+        self.cache_dir = cache_dir  # where the prepared layers are shared from (None: each process its own)
         self.threads = max(1, threads or MINILM_DEFAULT_THREADS)
         self.batch_size = max(1, batch_size)
         self._model: MiniLMModel | None = None
@@ -365,7 +469,7 @@ class MiniLMEmbedder:
         with self._load_lock:
             if self._model is None:
                 folder = self.folder or bundled_model_path()
-                model = MiniLMModel(folder)
+                model = MiniLMModel(folder, self.cache_dir)
                 with _BLAS_CAP():
                     model.encode_ids(model.tokenize(["warm-up"]))  # pages the weights in now, not in the first search
                 if self.threads > 1:

@@ -12,7 +12,6 @@ Imports: kb_config, kb_files.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import pickle
 import threading
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import ModelUnavailableError
-from kb_files import atomic_write_bytes
+from kb_files import atomic_write_bytes, atomic_write_with
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +134,7 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
     attributes = {k: v for k, v in vars(backend).items() if k not in (TABLE_ATTR, POOL_ATTR)}
     try:
         state = pickle.dumps({"attributes": attributes, "table_shape": table.shape}, protocol=pickle.HIGHEST_PROTOCOL)
-        atomic_write_bytes(table_path, _npy_bytes(table), durable=False)
+        atomic_write_with(table_path, lambda f: np.save(f, table, allow_pickle=False), durable=False)
         atomic_write_bytes(state_path, state, durable=False)
         stored = _read_cache(base, threads)
         if stored is None or not np.array_equal(stored.encode(list(CHECK_TEXTS)), backend.encode(list(CHECK_TEXTS))):
@@ -151,13 +150,6 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
         if not old.name.startswith(base.name):
             with contextlib.suppress(OSError):
                 old.unlink()
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    """`array` as the bytes of a .npy file."""
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 def _thread_limiter() -> Any:

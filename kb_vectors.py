@@ -85,7 +85,8 @@ def make_embedder(
     threads one batch is split over where a model does that (the bundled MiniLM, each worker with one BLAS thread, so
     a busy core slows it gracefully, where more BLAS threads spin-wait);
     `allow_download` lets a sentence-transformers model missing here come from Hugging Face (ingest CLI only);
-    `cache_dir` (Config.cache_dir) is where the bundled USE keeps the encoder it loads fast and light (kb_use).
+    `cache_dir` (Config.cache_dir) is where the bundled USE keeps the encoder it loads fast and light (kb_use), and
+    the bundled MiniLM its prepared layers, shared by every process (kb_minilm).
 
     Example: make_embedder("use-multilingual").embed_query("怎么看日志") -> 512 floats.
     """
@@ -103,7 +104,7 @@ def make_embedder(
         elif name in BUNDLED_MODEL_NAMES and device in ("auto", "cpu"):
             from kb_minilm import MiniLMEmbedder  # the bundled MiniLM in numpy: the same vectors, no torch
 
-            parts.append(MiniLMEmbedder(threads=workers or threads, batch_size=batch_size))
+            parts.append(MiniLMEmbedder(threads=workers or threads, batch_size=batch_size, cache_dir=cache_dir))
         else:
             parts.append(SentenceTransformerEmbedder(name, device, batch_size, allow_download, threads))
     return parts[0] if len(parts) == 1 else MultiEmbedder(parts)

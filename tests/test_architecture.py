@@ -28,7 +28,7 @@ ALLOWED = {
     "kb_links": {"kb_config", "kb_text", "kb_chunk", "kb_frontmatter"},
     "kb_state": {"kb_config", "kb_files"},
     "kb_vectors": {"kb_config", "kb_minilm", "kb_use"},
-    "kb_minilm": {"kb_config"},
+    "kb_minilm": {"kb_config", "kb_files"},
     "kb_use": {"kb_config", "kb_files"},
     "kb_store": {"kb_config", "kb_files"},
     "kb_chroma": {"kb_config"},

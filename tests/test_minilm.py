@@ -261,3 +261,55 @@ def write_reference() -> None:
 
 if __name__ == "__main__":  # PYTHONPATH=. python tests/test_minilm.py
     write_reference()
+
+
+def _mapped(array: np.ndarray) -> bool:
+    """Whether `array` is a view of a memory-mapped file."""
+    while array is not None:
+        if isinstance(array, np.memmap):
+            return True
+        array = array.base if isinstance(array, np.ndarray) else None
+    return False
+
+
+def test_layers_load_from_the_per_user_cache_with_the_same_vectors(tmp_path):
+    """The prepared layers are written to the cache once, then mapped read-only by every later process (shared in the
+    page cache, not 42 MB each): the same vectors bit for bit; an earlier checkpoint's or layout's file is dropped."""
+    import kb_minilm
+
+    texts = [*QUERIES, "kubectl rollout undo deployment/web --to-revision=3"]
+    folder = bundled_model_path()
+    plain = MiniLMModel(folder)
+    want = plain.encode_ids(plain.tokenize(texts))
+    (tmp_path / f"{kb_minilm.LAYER_CACHE_PREFIX}0-1-2.npy").write_bytes(b"an older layout's cache")
+    first = MiniLMModel(folder, tmp_path)  # builds the layers, writes the cache, then maps it
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].name.startswith(f"{kb_minilm.LAYER_CACHE_PREFIX}{kb_minilm.LAYER_CACHE_LAYOUT}-")
+    again = MiniLMModel(folder, tmp_path)  # reads it
+    for model in (first, again):
+        assert all(_mapped(layer.ff1_w) for layer in model.layers)
+        assert np.array_equal(model.encode_ids(model.tokenize(texts)), want)
+
+
+def test_a_torn_layer_cache_is_rewritten_and_an_unwritable_one_leaves_the_layers_in_memory(tmp_path, caplog):
+    import logging
+
+    texts = QUERIES[:3]
+    folder = bundled_model_path()
+    plain = MiniLMModel(folder)
+    want = plain.encode_ids(plain.tokenize(texts))
+    MiniLMModel(folder, tmp_path)
+    cache = next(tmp_path.iterdir())
+    size = cache.stat().st_size
+    cache.write_bytes(cache.read_bytes()[: size // 3])  # a kill or a full disk mid-write
+    with caplog.at_level(logging.INFO, logger="kb_minilm"):
+        again = MiniLMModel(folder, tmp_path)
+    assert "ignoring the MiniLM layer cache" in caplog.text and cache.stat().st_size == size
+    assert np.array_equal(again.encode_ids(again.tokenize(texts)), want)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="kb_minilm"):
+        kept = MiniLMModel(folder, blocked)
+    assert "not caching MiniLM's layers" in caplog.text
+    assert not _mapped(kept.layers[0].ff1_w)
+    assert np.array_equal(kept.encode_ids(kept.tokenize(texts)), want)
