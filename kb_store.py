@@ -196,6 +196,8 @@ class VectorStore:
             i = self._row.get(content)
             if i is None:
                 return None
+            if len(self._blocks) == 1:  # an ingest's or a compaction's one segment: thousands of calls per warm-up
+                return self._blocks[0][i]
             b = int(np.searchsorted(self._starts, i, side="right")) - 1
             return self._blocks[b][i - int(self._starts[b])]
 
