@@ -107,18 +107,22 @@ def _libc(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the keyword view loads, then what loaded moved out of its reach.
+def _collector_paused(collect: bool = False) -> Iterator[None]:
+    """Python's cyclic garbage collector off while the keyword view or the models load, then what loaded moved out of
+    its reach (`collect`: after one pass over it, which frees the cycles the load left).
 
-    The view (and the models' tokenizers) are hundreds of thousands of container objects that form no cycles (288k on
-    tldr): the collector walked them again and again as they were made, 0.4 s of the keyword view's 0.8 s and 0.3 s
-    of the models' 0.6 s there, with the SDK's own objects walked each time too. Frozen, later collections skip them
-    (cyclic garbage alive at that moment is kept: start-up makes next to none)."""
+    The view (and the models' tokenizers) are hundreds of thousands of container objects (288k on tldr): the collector
+    walked them again and again as they were made, 0.4 s of the keyword view's 0.8 s and 0.3 s of the models' 0.6 s
+    there, with the SDK's own objects walked each time too. Frozen, later collections skip them. Loading the view
+    leaves no cycles (a pass over it freed 0 objects, in 50-60 ms), loading the models a few (164, in 6-7 ms; a
+    sentence-transformers model more): only the models get that pass."""
     gc.disable()
     try:
         yield
     finally:
         gc.enable()
+        if collect:
+            gc.collect(0)  # everything made while paused is still in the youngest generation
         gc.freeze()
 
 
@@ -215,7 +219,7 @@ class LiveIndex:
             engine.load_vectors()
         except Exception:
             logger.exception("loading the vector segments failed; the next sync retries")
-        with _collector_paused():
+        with _collector_paused(collect=True):
             load_model(engine)
             try:
                 self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search

@@ -323,6 +323,27 @@ def test_an_english_first_answer_does_not_wait_for_jiebas_dictionary(tmp_path, m
         kb.shutdown()
 
 
+def test_cycles_a_model_load_leaves_are_freed_not_frozen():
+    """What loading a model leaves in cycles (a sentence-transformers model leaves more than the bundled pair) must be
+    freed when the collector comes back, not frozen with the model for the server's life."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    try:
+        with kb_live._collector_paused(collect=True):
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+            gone = weakref.ref(a)
+            del a, b
+        assert gone() is None
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def test_start_up_turns_the_garbage_collector_back_on_even_when_loading_fails():
     """The collector is paused while the view and the models load (they make ~300k objects and no cycles); it must
     be on again afterwards, also after a failed load, or every later cycle would leak."""
