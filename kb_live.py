@@ -209,10 +209,12 @@ class LiveIndex:
             logger.exception("start-up sync of the keyword view failed; the next search retries")
         # Searches may answer now: jieba reads its dictionary (0.2-0.4 s) next, before the model, for Chinese only. A
         # Chinese search that comes meanwhile waits for that read (the dictionary's lock), as it waited for this
-        # event before; English words never touch jieba, so an English first answer no longer waits for it.
+        # event before; English words never touch jieba, so an English first answer no longer waits for it. A vault
+        # without Chinese skips it: the first Chinese query reads it (once), and until then ~40 MB stay free.
         self._view_ready.set()
         try:
-            engine.view.load_dictionary()
+            if engine.view.holds_cjk():
+                engine.view.load_dictionary()
         except Exception:
             logger.exception("loading jieba's dictionary failed; the first Chinese search retries")
         try:

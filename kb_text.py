@@ -288,6 +288,11 @@ def vault_terms(names: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def has_cjk(text: str) -> bool:
+    """Whether `text` holds any Chinese (or Japanese) character."""
+    return _CJK_RE.search(text) is not None
+
+
 def cjk_share(text: str) -> float:
     """How Chinese (or Japanese) `text` reads: CJK characters among its words, where each CJK character and each Latin
     word counts once; code (fenced blocks, `spans`) is left out while prose remains.
@@ -296,7 +301,7 @@ def cjk_share(text: str) -> float:
     caption), and a short English word as long as several Chinese words.
     Example: cjk_share("git reset --hard 和 --soft 有什么区别") -> 0.6
     """
-    if not _CJK_RE.search(text):  # most chunks of an English vault: no need to set code apart
+    if not has_cjk(text):  # most chunks of an English vault: no need to set code apart
         return 0.0
     prose = _CODE_RE.sub(" ", text)
     if not _PROSE_RE.search(prose):
