@@ -315,9 +315,11 @@ class IndexView:
         self.tokenizer.load_dictionary()
 
     def holds_cjk(self) -> bool:
-        """Whether any chunk holds a Chinese (or Japanese) character: else jieba has nothing to cut until a query does."""
+        """Whether any chunk holds a Chinese (or Japanese) character: else jieba has nothing to cut until a query does.
+        Read outside the view's lock (a scan of every chunk of a large English vault), so searches go on meanwhile."""
         with self.mutex:
-            return any(has_cjk(c.text) for c in self.chunks.values())
+            chunks = list(self.chunks.values())
+        return any(has_cjk(c.text) for c in chunks)
 
     def keyword(self, tokens: list[str], n: int, accept: ChunkPredicate | None = None) -> list[tuple[str, float]]:
         """The n best chunks for `tokens` by BM25, best first."""
