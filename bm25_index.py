@@ -201,7 +201,7 @@ class BM25Index:
         out: dict[str, float] = {}
         for t in tokens:
             tid = self._term_ids.get(t)
-            df = max(self._df[tid], 0) if tid is not None else 0
+            df = self._df[tid] if tid is not None else 0
             out[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
         return out
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import ModelUnavailableError
-from kb_files import atomic_write_with
+from kb_files import atomic_write_with, drop_older_caches
 
 logger = logging.getLogger(__name__)
 
@@ -249,10 +249,7 @@ class _LayerCache:
             with contextlib.suppress(OSError):
                 self.path.unlink(missing_ok=True)
             return None
-        for old in self.folder.glob(f"{LAYER_CACHE_PREFIX}*"):  # another checkpoint's or layout's: nothing reads it
-            if old != self.path:
-                with contextlib.suppress(OSError):
-                    old.unlink()
+        drop_older_caches(self.folder, LAYER_CACHE_PREFIX, self.path.name)  # another checkpoint's or layout's
         logger.info("cached MiniLM's layers in %s: later starts map them, shared between processes", self.folder)
         return stored
 

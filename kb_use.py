@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import ModelUnavailableError
-from kb_files import atomic_write_bytes, atomic_write_with
+from kb_files import atomic_write_bytes, atomic_write_with, drop_older_caches
 
 logger = logging.getLogger(__name__)
 
@@ -146,10 +146,7 @@ def _write_cache(base: Path, backend: Any, threads: int) -> None:
                 p.unlink(missing_ok=True)
         return
     logger.info("cached the USE encoder in %s: later starts map its table instead of building it", base.parent)
-    for old in base.parent.glob("use-m3-*"):  # an earlier wheel's cache (~85 MB): nothing reads it any more
-        if not old.name.startswith(base.name):
-            with contextlib.suppress(OSError):
-                old.unlink()
+    drop_older_caches(base.parent, "use-m3-", base.name)  # an earlier wheel's cache (~85 MB)
 
 
 def _thread_limiter() -> Any:

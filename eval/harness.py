@@ -156,14 +156,20 @@ def read_pid(pidfile: Path | None) -> int | None:
     return None
 
 
+def _proc_status_mb(pid: int, *keys: str) -> list[float] | None:
+    """The named fields of /proc/PID/status (kB values) in MB, or None where /proc is absent or lacks one."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines())
+        return [int(fields[k].split()[0]) / 1024 for k in keys]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def peak_memory_mb(pid: int) -> tuple[float | None, str]:
     """Peak resident memory (MB) of a live process: /proc VmHWM (Linux), else psutil's current RSS."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024, "VmHWM from /proc"
-    except OSError:
-        pass
+    peak = _proc_status_mb(pid, "VmHWM")
+    if peak is not None:
+        return peak[0], "VmHWM from /proc"
     try:
         import psutil
     except ImportError:
@@ -174,11 +180,8 @@ def peak_memory_mb(pid: int) -> tuple[float | None, str]:
 def resident_memory_mb(pid: int) -> tuple[float | None, float | None]:
     """(resident, of it anonymous) MB of a live process now, from /proc (VmRSS, RssAnon); (None, None) elsewhere.
     Anonymous memory is the process's own; the rest are file pages (mapped models, libraries) other processes share."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines())
-        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024
-    except (OSError, KeyError, ValueError):
-        return None, None
+    found = _proc_status_mb(pid, "VmRSS", "RssAnon")
+    return (found[0], found[1]) if found is not None else (None, None)
 
 
 class Busy:
