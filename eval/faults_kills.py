@@ -42,7 +42,7 @@ KILL_PHASES = ("first", "incremental", "rebuild")
 # Earliest kill after the start (the interpreter is still importing before this).
 KILL_MIN_S = 0.05
 # Rounds at most per kill asked for (a round whose ingest finished before the kill is repeated).
-MAX_ROUNDS_PER_KILL = 2
+MAX_ROUNDS_PER_KILL = 3
 # Notes changed before each incremental round (modified, added, deleted or renamed).
 EDITS_PER_ROUND = 12
 # Longest a completing ingest may take before it counts as hung (killed, exit 124).
@@ -100,6 +100,13 @@ def edit_vault(vault: Path, rng: random.Random, n_ops: int, next_index: list[int
                 next_index[0] += 1
         counts[op] += 1
     return counts
+
+
+def next_kill_bound(bound_s: float, delay_s: float, hit: bool) -> float:
+    """The latest kill moment to draw from next time in a phase. An ingest that finished before a kill at delay_s
+    took less than delay_s (the machine got quieter since the estimate was measured): halve that, so the next kill
+    in this phase lands. A landed kill keeps the bound."""
+    return bound_s if hit else min(bound_s, delay_s) / 2
 
 
 def _kill_ingest(procs: Processes, args: list[str], delay_s: float, log: Path) -> bool:
@@ -162,6 +169,7 @@ def run_kills(run: Run, n_kills: int, n_notes: int | None = None) -> PartResult:
         delay = run.rng.uniform(KILL_MIN_S, max(KILL_MIN_S * 2, estimate[phase]))
         hit = _kill_ingest(run.procs, args, delay, log)
         (landed if hit else missed)[phase] += 1
+        estimate[phase] = next_kill_bound(estimate[phase], delay, hit)
         repro = f"kill -9 of `{PYTHON} ingest.py {' '.join(args)}` after {delay:.2f} s (round {i}, seed {run.seed})"
         rc, out, secs = run_cli(run.procs, ["ingest.py", "--config", str(config), "--json", "-q"], INGEST_TIMEOUT_S, log)
         completing_s += secs
