@@ -279,8 +279,9 @@ def user_config_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def user_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where jieba's prefix dictionary is cached (jieba's cache, kb_files.WordTableFile): %LOCALAPPDATA% on Windows,
-    else $XDG_CACHE_HOME or ~/.cache."""
+    """The per-user cache (jieba's dictionary and USE's pieces as kb_files.WordTableFile, USE's table, MiniLM's
+    layers: each written once, then mapped by every process): %LOCALAPPDATA% on Windows, else $XDG_CACHE_HOME or
+    ~/.cache."""
     env = os.environ if env is None else env
     if os.name == "nt" and env.get("LOCALAPPDATA"):
         return Path(env["LOCALAPPDATA"]) / APP_NAME / "cache"

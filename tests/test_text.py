@@ -423,8 +423,8 @@ def test_cjk_share_reads_the_language_of_the_words_not_of_the_code(text: str, ch
 # ---- one read of jieba's dictionary per process -----------------------------------------------------------------
 
 
-def test_a_later_tokenizer_copies_jiebas_dictionary_without_the_first_ones_vault_terms(monkeypatch):
-    """Every tokenizer after the process's first starts from jieba's own dictionary, copied (reading jieba's cache
+def test_a_later_tokenizer_shares_jiebas_dictionary_without_the_first_ones_vault_terms(monkeypatch):
+    """Every tokenizer after the process's first starts from jieba's own dictionary, shared (reading jieba's cache
     again took ~1 s per engine: most of the test suite's time) and without another tokenizer's vault terms."""
     import jieba
 
@@ -438,7 +438,7 @@ def test_a_later_tokenizer_copies_jiebas_dictionary_without_the_first_ones_vault
     later = Tokenizer()
     later.set_user_terms(["库存同步"])
     tokens = later.tokenize(text)
-    assert reads == []  # copied, not read again
+    assert reads == []  # shared, not read again
     assert "米哈游面试复盘" not in tokens and "库存同步" in tokens
     fresh = jieba.Tokenizer()
     real_initialize(fresh)
@@ -456,15 +456,21 @@ from kb_text import Tokenizer
 cache = Path(sys.argv[1])
 if sys.argv[2] == "cached":  # jieba must not read its own cache or dictionary: the word table is all there is
     jieba.Tokenizer.initialize = lambda *a, **k: (_ for _ in ()).throw(AssertionError("jieba read its dictionary"))
+def private_mb():  # this process's own memory (Linux; 0 elsewhere)
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    return sum(int(line.split()[1]) for line in lines if line.startswith("RssAnon:")) / 1024
+before = private_mb()
 tk = Tokenizer(cache_dir=cache, word_table=WordTableFile(cache / "table.bin"))
 tokens = tk.tokenize("米哈游面试复盘和库存同步 with English")
-print(json.dumps({"tokens": tokens, "entries": len(tk._jieba.FREQ), "total": tk._jieba.total}))
+grew = private_mb() - before
+print(json.dumps({"tokens": tokens, "entries": len(tk._jieba.FREQ), "total": tk._jieba.total, "grew_mb": grew}))
 """
 
 
 def test_the_first_tokenizer_of_a_process_reads_jiebas_dictionary_from_the_word_table_once_written(tmp_path):
-    """A server's first tokenizer reads jieba's dictionary from our word table (~0.3 s) instead of jieba's marshal
-    cache (~1.2 s here): the first process writes it, the next reads it and gets the same dictionary and tokens."""
+    """A server's first tokenizer maps jieba's dictionary from our word table (~1 ms) instead of reading jieba's marshal
+    cache (~1.2 s here): the first process writes it, the next maps it and gets the same dictionary and tokens."""
     import json
     import subprocess
 
@@ -483,7 +489,10 @@ def test_the_first_tokenizer_of_a_process_reads_jiebas_dictionary_from_the_word_
 
     written = run("jieba")
     assert (tmp_path / "table.bin").is_file()
-    assert run("cached") == written and written["entries"] > 300_000
+    cached = run("cached")
+    grew_mb, _ = cached.pop("grew_mb"), written.pop("grew_mb")
+    assert cached == written and written["entries"] > 300_000
+    assert grew_mb < 8  # mapped, not read into the process: as a dict it was ~56 MB of each process's own memory
 
 
 def test_a_word_table_that_does_not_match_is_ignored_and_rewritten(tmp_path, caplog):
@@ -491,15 +500,17 @@ def test_a_word_table_that_does_not_match_is_ignored_and_rewritten(tmp_path, cap
 
     table = WordTableFile(tmp_path / "table.bin")
     assert table.read("k") is None  # no file yet
-    table.write("k", {"仓库": 7, "仓": 0, "a": 2**40}, 2**40 + 7)
-    assert table.read("k") == ({"仓库": 7, "仓": 0, "a": 2**40}, 2**40 + 7)
+    table.write("k", {"仓库": 7, "仓": 0, "a": 2**31 - 1}, 2**40 + 7)
+    assert table.read("k") == ({"仓库": 7, "仓": 0, "a": 2**31 - 1}, 2**40 + 7)
     assert table.read("another jieba") is None  # written for another dictionary
     raw = (tmp_path / "table.bin").read_bytes()
-    header_only = b'{"format": "kb-word-table-1", "key": "k", "words_bytes": 0}\n'  # parses; no count, no total
+    header_only = b'{"format": "kb-word-table-2", "key": "k", "words_bytes": 0}\n'  # parses; no slots, no count
     for broken in (raw[:-3], raw[: raw.index(b"\n") + 2], b"not json\n", b"", header_only):
         (tmp_path / "table.bin").write_bytes(broken)
         with caplog.at_level(logging.INFO, logger="kb_files"):
             assert table.read("k") is None, broken[:40]
     assert "rebuilt" in caplog.text
     table.write("k", {"x": 1}, 1)
+    assert table.read("k") == ({"x": 1}, 1)
+    table.write("k", {"x": 2**31}, 1)  # a count the file cannot hold: not cached (the caller keeps its dict)
     assert table.read("k") == ({"x": 1}, 1)
