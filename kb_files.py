@@ -1,7 +1,8 @@
 """The one atomic-write helper (temp file, fsync, rename, fsync of the folder) and the sweep of its leftovers.
 
 Every file the project writes (state.json, the BM25 view, vector segments, appended notes) goes through here; and
-WordTableFile, the cache of jieba's dictionary.
+WordTableFile, the per-user word tables (jieba's dictionary, USE's pieces) every process maps instead of holding its
+own copy (MappedWords, WordCounts).
 Imports: nothing from the project.
 """
 

@@ -2,10 +2,10 @@
 
 The wheel parses its SentencePiece model in Python (0.8 s) and decompresses its 65 MB uint8 embedding table (0.7 s)
 in every process that loads it, and keeps the whole table resident. The first load writes both, as the wheel built
-them, into the per-user cache; every later process maps the table read-only (only the rows of tokens it embeds
-become resident, and processes share them) and reads the rest back in ~0.1 s. The tokenizer's piece table (250k
-prefixes, a 21 MB dict in each process) is mapped the same way (kb_files.WordTableFile), and its id -> piece list
-(11 MB, never needed for ids) is parsed only if asked for. Vectors are the wheel's own: the cache is checked against
+them, into the per-user cache; every later process reads the table's rows as its texts' tokens need them
+(_TableRows; mapped on Windows) and the rest back in ~0.05 s. The tokenizer's piece table (250k prefixes, a 21 MB
+dict in each process) is mapped from a kb_files.WordTableFile, and its id -> piece list (11 MB, never needed for
+ids) is parsed only if asked for. Vectors are the wheel's own: the cache is checked against
 a fresh build once, when written. It stores the wheel's NumpyBackend by its attributes (the table and the
 tokenizer's tables apart), a layout of the pinned version only: another version is loaded the wheel's way.
 Imports: kb_config, kb_files.
