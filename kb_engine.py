@@ -44,7 +44,7 @@ from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
 
-# jieba's dictionary as the first tokenizer of a process reads it (kb_files.WordTableFile), in Config.cache_dir.
+# jieba's dictionary as a hash table every process maps (kb_files.WordTableFile), in Config.cache_dir.
 JIEBA_TABLE_FILE = "jieba-dictionary.bin"
 # Notes' chunks committed to state.json per lock-hold while reading a big vault (no embedding happens under the lock).
 COMMIT_CHUNKS = 4096
