@@ -91,8 +91,8 @@ def use_one_malloc_arena() -> None:
 
 
 def _return_freed_memory() -> None:
-    """Give the OS back the memory a load or save of the view or a commit just freed: glibc's malloc keeps it in the
-    process (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it)."""
+    """Give the OS back the memory a save of the view or a commit just freed: glibc's malloc keeps it in the process
+    (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it)."""
     trim = _libc("malloc_trim")
     if trim:
         trim(0)
@@ -216,7 +216,6 @@ class LiveIndex:
             engine.view.load_dictionary()
         except Exception:
             logger.exception("loading jieba's dictionary failed; the first Chinese search retries")
-        _return_freed_memory()  # what reading the view's pickle and state.json left behind (~7 MB on tldr)
         try:
             engine.load_vectors()
         except Exception:
@@ -228,7 +227,6 @@ class LiveIndex:
             except Exception:
                 logger.exception("warming up the relevance gate failed; the first search does it")
         self.model_ready.set()
-        _return_freed_memory()  # the models' and the warm-up's scratch
         try:
             engine.sync_all(embed_limit=0)  # commit what changed while no server ran (its vectors: just below)
             if engine.view_changed:

@@ -19,7 +19,7 @@ import os
 import pickle
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -154,9 +154,6 @@ class _PieceNames(Sequence[str]):
 
             self._pieces = UseTokenizer(str(self._model))._pieces
         return self._pieces[i]
-
-    def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(self._count))
 
 
 def _read_cache(base: Path, threads: int) -> Any | None:
