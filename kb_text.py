@@ -136,6 +136,17 @@ def _dictionary_key(tk: Any) -> str | None:
     return f"jieba-{getattr(jieba, '__version__', '?')}-{st.st_size}-{st.st_mtime_ns}"
 
 
+def _drop_jieba_cache(tk: Any) -> None:
+    """Remove the marshal cache jieba wrote into our cache folder before the word table replaced it."""
+    if tk.tmp_dir is None or tk.cache_file is not None:  # jieba's cache in the system temp folder is not ours
+        return
+    stale = Path(tk.tmp_dir) / "jieba.cache"  # jieba's name for its default dictionary's cache
+    try:
+        stale.unlink(missing_ok=True)
+    except OSError as e:
+        logger.info("cannot remove jieba's old cache %s (%s)", stale, e)
+
+
 class Tokenizer:
     """BM25 tokenizer for Chinese, English and mixed text; the same instance serves ingest and query.
 
@@ -215,12 +226,15 @@ class Tokenizer:
             if shared is None:
                 key = _dictionary_key(tk)
                 shared = self._word_table.read(key) if self._word_table is not None and key else None
+                if shared is None and self._word_table is not None and key:
+                    # Built from dict.txt without jieba's own marshal cache (9 MB), which the word table replaces.
+                    built = tk.gen_pfdict(tk.get_dict_file())
+                    self._word_table.write(key, *built)
+                    shared = self._word_table.read(key) or built  # mapped: shared with other processes
+                    _drop_jieba_cache(tk)
                 if shared is None:
                     tk.initialize()
                     shared = tk.FREQ, tk.total
-                    if self._word_table is not None and key:
-                        self._word_table.write(key, tk.FREQ, tk.total)
-                        shared = self._word_table.read(key) or shared  # mapped: shared with other processes
                 _DICTIONARIES[tk.dictionary] = shared
             tk.FREQ, tk.total, tk.initialized = WordCounts(shared[0]), shared[1], True
 
