@@ -31,9 +31,10 @@ from kb_text import CJK_CHARS, estimate_tokens, split_lines
 logger = logging.getLogger(__name__)
 
 # Bump when chunk boundaries, chunk text or what a note's record keeps change for the same input (3: outlines chunk at
-# block boundaries; 4: a note's heading levels, its shape for the translation test). A bump re-reads every note and
-# reuses the vectors of unchanged text.
-CHUNKER_VERSION = 4
+# block boundaries; 4: a note's heading levels, its shape for the translation test; 5: a chunk's first line is where
+# the sentences it carries over from the previous chunk start). A bump re-reads every note and reuses the vectors of
+# unchanged text.
+CHUNKER_VERSION = 5
 
 # Separator between heading levels in a chunk's heading path.
 HEADING_SEP = " > "
@@ -266,16 +267,35 @@ def _pack(blocks: list[_Block], limit: int, joiner: str = "\n\n") -> list[_Block
     return out
 
 
-def _tail_for_overlap(text: str, overlap_tokens: int) -> str:
-    """The last whole sentences of `text` that fit in `overlap_tokens` (empty if none fits)."""
-    tail = ""
-    sentences = [s for line in text.split("\n") for s in _SENTENCE_END_RE.split(line) if s.strip()]
-    for s in reversed(sentences):
+def _tail_for_overlap(text: str, overlap_tokens: int) -> tuple[str, int]:
+    """The last whole sentences of `text` that fit in `overlap_tokens` (empty if none fits), and the index of the line
+    of `text` its first sentence comes from."""
+    tail, first = "", 0
+    sentences = [(s, i) for i, line in enumerate(text.split("\n")) for s in _SENTENCE_END_RE.split(line) if s.strip()]
+    for s, i in reversed(sentences):
         candidate = s.strip() + (" " + tail if tail else "")
         if estimate_tokens(candidate) > overlap_tokens:
             break
-        tail = candidate
-    return tail
+        tail, first = candidate, i
+    return tail, first
+
+
+def _first_line_of(block: _Block, first: int, sec: _Section) -> int:
+    """The file line where line `first` of a block's text comes from, its lines (each a file line or part of one)
+    aligned in order from the block's first line; the block's first line if they cannot be. Where a line repeats
+    (a `}` of code), the earliest place that fits: a chunk's line range must hold everything it shows."""
+    at = block.start
+    for i, line in enumerate(block.text.split("\n")):
+        line = line.strip()
+        if not line:
+            continue
+        while at <= block.end and line not in sec.lines[at - sec.start]:
+            at += 1
+        if at > block.end:
+            return block.start
+        if i >= first:
+            return at
+    return block.start
 
 
 @dataclass
@@ -558,9 +578,11 @@ def chunk_note(
             packed = packed[1:]  # the heading line alone; it lives on in the chunks' heading path
         for i, p in enumerate(packed):
             if i and overlap_tokens:
-                tail = _tail_for_overlap(packed[i - 1].text, overlap_tokens)
-                if tail:
-                    p = _Block(tail + "\n" + p.text, p.start, p.end, p.is_code, p.tokens + estimate_tokens(tail))
+                prev = packed[i - 1]
+                tail, first = _tail_for_overlap(prev.text, overlap_tokens)
+                if tail:  # the chunk starts where its carried-over sentences do, so path:lines holds what it shows
+                    start = _first_line_of(prev, first, sec)
+                    p = _Block(tail + "\n" + p.text, start, p.end, p.is_code, p.tokens + estimate_tokens(tail))
             units.append((sec.path, p, len(packed) == 1))
 
     merged: list[tuple[tuple[str, ...], _Block, bool]] = []

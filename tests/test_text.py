@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from typing import Any
 
 import pytest
 
 import kb_text
 from kb_chunk import HEADING_SEP, chunk_note
 from kb_frontmatter import parse_frontmatter
-from kb_text import Tokenizer, cjk_share, estimate_tokens, vault_terms
+from kb_text import Tokenizer, cjk_share, estimate_tokens, split_lines, vault_terms
 
 # A Chinese paragraph of 30 sentences on one line, ending in each of 。！？； in turn (~660 tokens).
 ZH_SENTENCES = [f"第{i}句话讲的是仓库库存同步方案的细节和问题{'。！？；'[i % 4]}" for i in range(30)]
@@ -232,6 +233,53 @@ def test_chunk_note_starts_a_split_chunk_with_the_previous_chunks_last_sentence_
     assert not plain[1].text.startswith(last_sentence)  # without overlap nothing repeats
     for prev, cur in zip(overlapped, overlapped[1:]):
         assert cur.text.startswith(re.findall(r"[^。！？；\n]+[。！？；]", prev.text)[-1])
+
+
+def _outside_lines(text: str, note: Any) -> list[tuple[int, int, str]]:
+    """Each chunk line (whitespace aside) that its chunk's line range does not hold: (start, end, the line)."""
+    lines = text.split("\n")
+    out = []
+    for c in note.chunks:
+        span = re.sub(r"\s+", "", "".join(lines[c.line_start - 1 : c.line_end]))
+        out += [(c.line_start, c.line_end, x) for x in c.text.split("\n") if re.sub(r"\s+", "", x) not in span]
+    return out
+
+
+CODE_NOTE = "# Loops\n\n" + "\n\n".join(
+    f"Step {i} keeps the counter in range. It stops at {i}.\n\n```c\nfor (;;) {{\n  if (n > {i}) {{\n    break;\n  }}\n}}\n```"
+    for i in range(12)
+)
+
+
+@pytest.mark.parametrize("name", ["1-1 notes", "a list of bullets", "code whose lines repeat"])
+def test_chunk_note_gives_each_overlapping_chunk_the_lines_of_everything_it_shows(name: str) -> None:
+    """A hit is cited as path:lines, so a chunk that starts with the previous chunk's last sentences starts at their
+    line: "areas/career/1-1 notes.md:17" showed lines 15-17 (48% of the three dev vaults' chunks started too late)."""
+    from kb_fixtures import SAMPLE_KB
+
+    text = {
+        "1-1 notes": (SAMPLE_KB / "areas" / "career" / "1-1 notes.md").read_text(encoding="utf-8"),
+        "a list of bullets": "# Inbox\n\n" + "\n".join(f"- item {i}: ship part {i}. Then check it." for i in range(60)),
+        "code whose lines repeat": CODE_NOTE,
+    }[name]
+
+    note = chunk_note(text, "fallback", 200, overlap_tokens=60)
+
+    assert len(note.chunks) > 1 and note.chunks != chunk_note(text, "fallback", 200).chunks  # chunks do overlap
+    assert _outside_lines(text, note) == []
+
+
+def test_every_chunk_of_the_sample_vault_holds_only_its_own_lines() -> None:
+    from kb_fixtures import SAMPLE_KB
+
+    outside = {}
+    for path in sorted(SAMPLE_KB.rglob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        note = chunk_note(text, path.stem, 200, overlap_tokens=60)
+        found = _outside_lines("\n".join(split_lines(text.lstrip("\ufeff"))), note)
+        if found:
+            outside[path.name] = found[0]
+    assert outside == {}
 
 
 @pytest.mark.parametrize(
