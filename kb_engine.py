@@ -331,8 +331,12 @@ class Engine:
                 pending = []
             if pending and (embed_limit is None or len(pending) <= embed_limit):
                 self._embed_reporting(report, progress, wait=embed_limit is None)
-        present = sum(1 for s in disk.values() if s is not None)
-        report.unchanged = max(0, present - report.added - report.changed - report.touched - report.skipped)
+        if full:
+            present = sum(1 for s in disk.values() if s is not None)
+            report.unchanged = max(0, present - report.added - report.changed - report.touched - report.skipped)
+        else:  # the notes the index holds that this sync left as they were, not only among the paths it was given:
+            # index_status shows the last sync, mostly one of a few paths, and "0 unchanged" read as an empty vault
+            report.unchanged = max(0, len(self.view.paths()) - report.added - report.changed - report.touched)
         report.pending_vectors = self.pending_vectors if self.model_error is None else 0
         report.elapsed_ms = (time.perf_counter() - t0) * 1000
         self.last_report, self.last_sync_at = report, time.time()

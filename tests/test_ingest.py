@@ -199,11 +199,14 @@ def test_apply_file_changes_handles_given_paths_only(small_vault, make_engine):
     (small_vault / "笔记.md").write_text("# 跑步\n\n改了\n", encoding="utf-8")
     report = engine.apply_file_changes([small_vault / "inbox.md"])
     assert report.changed == 1
+    assert report.unchanged == 3 and "1 changed, 0 removed, 3 unchanged" in report.summary()  # of the index's 4 notes
     assert any("sourdough" in c.text for c in engine.chunks.values())
     assert not any("改了" in c.text for c in engine.chunks.values())  # not named, not applied yet
     (small_vault / "inbox.md").unlink()
-    assert engine.apply_file_changes(["inbox.md"]).removed == 1
-    assert engine.apply_file_changes([".obsidian/app.json", "../outside.md"]).did_work is False
+    removal = engine.apply_file_changes(["inbox.md"])
+    assert removal.removed == 1 and removal.unchanged == 3
+    nothing = engine.apply_file_changes([".obsidian/app.json", "../outside.md"])
+    assert nothing.did_work is False and nothing.unchanged == 3
 
 
 def test_sync_rebuilds_affected_chunks_when_chunk_size_changes(small_vault, make_engine, tmp_path):
