@@ -10,6 +10,7 @@ Imports: kb_config, kb_live, kb_tools; lazily: kb_engine, kb_http, kb_scan, kb_s
 import argparse
 import contextlib
 import errno
+import inspect
 import json
 import logging
 import os
@@ -58,7 +59,7 @@ def os_error_message(e: OSError) -> str:
 
 
 def build_server(kb: KnowledgeBase) -> Any:
-    """The MCPServer with its five tools; every failure becomes a tool error the model can read.
+    """The MCPServer with its six tools; every failure becomes a tool error the model can read.
 
     The SDK is imported here, not at module level, so `--search` and `--help` never pay for it. The knowledge base
     starts from the server's lifespan, i.e. once the SDK's stdio transport owns stdout (a stray print from any
@@ -93,6 +94,11 @@ def build_server(kb: KnowledgeBase) -> Any:
             raise ToolError(f"internal error ({type(e).__name__}: {e}); the server keeps running, see its log") from e
         return CallToolResult(content=[TextContent(type="text", text=fit(text, budget))], structured_content=data)
 
+    def tool(**kw: Any) -> Any:
+        """server.tool with the function's docstring, less its indentation, as the description: the client's model
+        reads every character of it on every turn."""
+        return lambda fn: server.tool(description=inspect.cleandoc(fn.__doc__ or ""), **kw)(fn)
+
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     where_field = Field(
         description='Only notes whose properties (frontmatter, Logseq key:: value) match, e.g. {"status": "active", '
@@ -106,7 +112,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         le=MAX_MODIFIED_WITHIN_DAYS,
     )
 
-    @server.tool(annotations=read_only)
+    @tool(annotations=read_only)
     def search_my_knowledge_base(
         query: Annotated[
             str,
@@ -154,9 +160,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         read_note to open a hit in full."""
         return run(kb.search, query, alternatives, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 
-    @server.tool(
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-    )
+    @tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False))
     def update_knowledge_base(
         path: Annotated[str, Field(description="Note path relative to the vault, e.g. 'inbox.md'")],
         content: Annotated[str, Field(description="Markdown text to append", min_length=1)],
@@ -168,7 +172,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         (default: inbox.md); other paths are refused with the reason. The text is searchable right after."""
         return run(kb.append, path, content, heading, create_heading)
 
-    @server.tool(annotations=read_only)
+    @tool(annotations=read_only)
     def read_note(
         path: Annotated[str, Field(description="Note path relative to the vault, as returned by search")],
         heading: Annotated[str | None, Field(description="Only this section, e.g. 'Decisions'")] = None,
@@ -182,7 +186,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         the reply says which start_line continues."""
         return run(kb.read_note, path, heading, start_line, expand_embeds)
 
-    @server.tool(annotations=read_only)
+    @tool(annotations=read_only)
     def list_notes(
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'daily/'")] = None,
         modified_within_days: Annotated[float | None, days] = None,
@@ -200,7 +204,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         note of a project; filter by folder, properties (where) and dates."""
         return run(kb.list_notes, path_prefix, modified_within_days, where, date_from, date_to, sort)
 
-    @server.tool(annotations=read_only)
+    @tool(annotations=read_only)
     def related_notes(
         path: Annotated[str, Field(description="Note path relative to the vault, as returned by search")],
         limit: Annotated[int, Field(description="Entries per list (links, backlinks, nearest)", ge=1, le=50)] = 10,
@@ -209,7 +213,7 @@ def build_server(kb: KnowledgeBase) -> Any:
         the line that links (the context), its unresolved links, and the notes nearest in meaning."""
         return run(kb.related, path, limit)
 
-    @server.tool(annotations=read_only)
+    @tool(annotations=read_only)
     def index_status() -> CallToolResult:
         """Index health: notes and chunks indexed, last sync, model, running sync, how changes are detected, skipped
         files and why."""

@@ -191,6 +191,7 @@ def test_server_lists_exactly_the_six_tools_with_schemas(shared):
     assert set(tools) == TOOL_NAMES
     for tool in tools.values():
         assert tool.description and tool.input_schema["type"] == "object"
+        assert "\n " not in tool.description  # the docstring's indentation is not sent to the model
     search = tools["search_my_knowledge_base"].input_schema
     assert search["required"] == ["query"]
     top_k = next(s for s in search["properties"]["top_k"]["anyOf"] if s.get("type") == "integer")
