@@ -414,10 +414,11 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
     parts = [head, *notes]
     room = Budget(budget, *parts)
     first_hit: dict[str, int] = {}  # note -> the number of its first hit
+    score_label = "fused" if result.mode == "hybrid" else "score"  # keyword alone: BM25's own score
     for i, h in enumerate(result.hits, 1):
         first_hit.setdefault(h.path, i)
         scores = (
-            f"fused {h.score:.4f}"
+            f"{score_label} {h.score:.4f}"
             + (f", keyword #{h.keyword_rank}" if h.keyword_rank else "")
             + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
         )

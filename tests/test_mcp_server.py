@@ -497,6 +497,12 @@ def test_search_applies_file_events_without_walking_the_vault(shared):
 # ---- protocol hygiene and process life ------------------------------------------------------------------------------
 
 
+def test_a_keyword_search_labels_its_scores_as_scores_not_as_a_fusion(shared):
+    """Keyword mode (also hybrid while the model loads) ranks by BM25 alone: its hits must not read "fused"."""
+    keyword = shared.ok("search_my_knowledge_base", {"query": "红烧肉", "mode": "keyword"}).content[0].text
+    assert "· score " in keyword and "fused" not in keyword
+
+
 def test_server_stdout_carries_only_protocol_with_debug_logging(shared):
     # The shared server runs with -vv and KB_LOG_LEVEL=DEBUG: one round of every tool. While serving, the SDK points
     # fd 1 at stderr, so a stray print breaks the stream only before that (imports, start-up thread); the client logs
