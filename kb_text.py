@@ -231,7 +231,8 @@ class Tokenizer:
                     built = tk.gen_pfdict(tk.get_dict_file())
                     self._word_table.write(key, *built)
                     shared = self._word_table.read(key) or built  # mapped: shared with other processes
-                    _drop_jieba_cache(tk)
+                if self._word_table is not None and key:
+                    _drop_jieba_cache(tk)  # one an earlier version wrote beside the word table
                 if shared is None:
                     tk.initialize()
                     shared = tk.FREQ, tk.total
