@@ -336,7 +336,7 @@ class Engine:
             report.unchanged = max(0, present - report.added - report.changed - report.touched - report.skipped)
         else:  # the notes the index holds that this sync left as they were, not only among the paths it was given:
             # index_status shows the last sync, mostly one of a few paths, and "0 unchanged" read as an empty vault
-            report.unchanged = max(0, len(self.view.paths()) - report.added - report.changed - report.touched)
+            report.unchanged = max(0, self.view.size()[0] - report.added - report.changed - report.touched)
         report.pending_vectors = self.pending_vectors if self.model_error is None else 0
         report.elapsed_ms = (time.perf_counter() - t0) * 1000
         self.last_report, self.last_sync_at = report, time.time()

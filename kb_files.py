@@ -84,11 +84,12 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = None, durable
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
 
 
-def drop_older_caches(folder: Path, prefix: str, current: str) -> None:
-    """Delete the files in `folder` named `prefix*` but not `current*`: caches an earlier package or layout wrote,
-    which nothing reads any more (a file another process still maps, on Windows, is left for next time)."""
+def drop_older_caches(folder: Path, prefix: str, current: str | None = None) -> None:
+    """Delete the files in `folder` named `prefix*` but not `current*` (every one without `current`): caches an earlier
+    package or layout wrote, which nothing reads any more (a file another process still maps, on Windows, is left for
+    next time)."""
     for old in folder.glob(f"{prefix}*"):
-        if not old.name.startswith(current):
+        if current is None or not old.name.startswith(current):
             with contextlib.suppress(OSError):
                 old.unlink()
 

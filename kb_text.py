@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from kb_files import WordCounts
+from kb_files import WordCounts, drop_older_caches
 
 logger = logging.getLogger(__name__)
 
@@ -136,17 +136,6 @@ def _dictionary_key(tk: Any) -> str | None:
     return f"jieba-{getattr(jieba, '__version__', '?')}-{st.st_size}-{st.st_mtime_ns}"
 
 
-def _drop_jieba_cache(tk: Any) -> None:
-    """Remove the marshal cache jieba wrote into our cache folder before the word table replaced it."""
-    if tk.tmp_dir is None or tk.cache_file is not None:  # jieba's cache in the system temp folder is not ours
-        return
-    stale = Path(tk.tmp_dir) / "jieba.cache"  # jieba's name for its default dictionary's cache
-    try:
-        stale.unlink(missing_ok=True)
-    except OSError as e:
-        logger.info("cannot remove jieba's old cache %s (%s)", stale, e)
-
-
 class Tokenizer:
     """BM25 tokenizer for Chinese, English and mixed text; the same instance serves ingest and query.
 
@@ -231,8 +220,8 @@ class Tokenizer:
                     built = tk.gen_pfdict(tk.get_dict_file())
                     self._word_table.write(key, *built)
                     shared = self._word_table.read(key) or built  # mapped: shared with other processes
-                if self._word_table is not None and key:
-                    _drop_jieba_cache(tk)  # one an earlier version wrote beside the word table
+                if self._word_table is not None and key and tk.tmp_dir is not None:
+                    drop_older_caches(Path(tk.tmp_dir), "jieba.cache")  # jieba's own, which an earlier version wrote
                 if shared is None:
                     tk.initialize()
                     shared = tk.FREQ, tk.total
