@@ -19,16 +19,16 @@ from kb_config import KBError, LockTimeoutError, ModelUnavailableError, add_comm
 from kb_engine import Engine, ProgressFn
 from kb_vectors import config_embedder
 
-# Threads one embedding batch is split over here (a foreground job: every core). The bundled MiniLM went 15 -> 28
-# texts/s on 2 idle cores and 16 -> 20 with one core busy; USE keeps its one BLAS thread (two: 85 -> 117 idle, but
-# 94 -> 37 with a core busy). The server and the watcher keep one (they run beside the user's work).
+# Threads that embed side by side here (a foreground job: every core), each running one model call on one BLAS thread
+# (kb_embedrun): a second BLAS thread for USE went 94 -> 37 texts/s with a core busy, where workers degrade
+# gracefully. The server uses every core too, pausing while a search runs; the watcher keeps one.
 INGEST_WORKERS = os.cpu_count() or 1
 
 # ---- CLI ---------------------------------------------------------------------------------------------------------
 
 
 def _progress_bar(enabled: bool) -> tuple[ProgressFn | None, Callable[[], None]]:
-    """A tqdm bar per stage on stderr (files read, chunks embedded) with rate and ETA."""
+    """A tqdm bar per stage on stderr (files read, chunks embedded by each model) with rate and ETA."""
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
@@ -38,11 +38,12 @@ def _progress_bar(enabled: bool) -> tuple[ProgressFn | None, Callable[[], None]]
     def update(stage: str, done: int, total: int) -> None:
         bar = bars.get(stage)
         if bar is None:
+            model = stage.partition(":")[2]  # "embed:<model>": one bar per model
             bar = bars[stage] = tqdm(
                 total=total,
                 unit="files" if stage == "read" else "chunks",
                 file=sys.stderr,
-                desc="reading notes" if stage == "read" else "embedding",
+                desc="reading notes" if stage == "read" else f"embedding ({model})" if model else "embedding",
                 dynamic_ncols=True,
             )
         bar.total = total
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose, args.quiet, default="WARNING")
     try:
         cfg = load_cli_config(args)
-        embedder = config_embedder(cfg, workers=INGEST_WORKERS, allow_download=True)
-        engine = Engine(cfg, embedder)
+        embedder = config_embedder(cfg, allow_download=True)
+        engine = Engine(cfg, embedder, embed_workers=INGEST_WORKERS)
         engine.allow_mass_delete = args.allow_mass_delete
         progress, close = _progress_bar(not args.quiet and sys.stderr.isatty())
         try:

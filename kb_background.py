@@ -84,6 +84,7 @@ class Background:
         self._lock = threading.Lock()
         self._note_vectors: dict[str, tuple[tuple[str, ...], np.ndarray | None, bool]] = {}  # path -> (chunks, vector, cjk)
         self._notes: tuple[tuple[int, str], _NoteMatrix] | None = None  # (view version, model) -> matrix
+        self._held: tuple[np.ndarray | None, dict[tuple[int, int], np.ndarray]] = (None, {})  # sample, slots -> rows
 
     def is_cjk(self, chunk_id: str) -> bool:
         """Whether a chunk is mostly Chinese (remembered: a chunk id names its text); False once a sync removed it."""
@@ -131,12 +132,27 @@ class Background:
         if background is None or background[1].shape[1] != len(vector):
             return None
         ids, matrix, index = background
-        keep = np.ones(len(ids), dtype=bool)
+        query = np.asarray(vector, dtype=np.float32)
+        keep = self._holding(matrix, query)
         keep[[i for cid, _ in hits[:NEAREST_EXCLUDED] if (i := index.get(cid)) is not None]] = False
         if int(keep.sum()) < MIN_BACKGROUND:
             return math.inf
-        sims = (matrix @ np.asarray(vector, dtype=np.float32))[keep] * scale
+        sims = (matrix @ query)[keep] * scale
         return (top_cosine - float(sims.mean())) / max(float(sims.std()), COSINE_EPSILON)
+
+    def _holding(self, matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """Which sample rows hold a vector of the query's model (a row may lack one: a first index under way, or an
+        English-only model's skipped Chinese chunk, kb_store); a row without it is no background for that model."""
+        used = np.flatnonzero(query)
+        if not len(used):
+            return np.ones(len(matrix), dtype=bool)
+        if self._held[0] is not matrix:  # a new sample
+            self._held = (matrix, {})
+        key = (int(used[0]), int(used[-1]))
+        cached = self._held[1].get(key)
+        if cached is None:
+            cached = self._held[1][key] = np.abs(matrix[:, key[0] : key[1] + 1]).max(axis=1) > 0
+        return cached.copy()
 
     def translations(
         self, fused: Ranked, model: str, query_cjk: bool, head_notes: int, named: Collection[str] = ()
@@ -221,7 +237,7 @@ class Background:
             rows: list[np.ndarray] = []
             counts: list[int] = []
             for p in notes:
-                got = [stored[c][slots] for c in records[p] if c in stored]
+                got = [v for c in records[p] if c in stored and (v := stored[c][slots]).any()]  # rows holding the model
                 rows.extend(got)
                 counts.append(len(got))
             if not rows:

@@ -7,14 +7,17 @@ no vector yet, in batches, outside the lock; each batch is one new segment named
 re-reads state.json when another one committed. Over 500 lines for a reason: every step of a sync (scan, plan,
 commit, embed, reconcile the view) is a step of one protocol under one lock, and reads best in one file; state.json's
 copy is kb_state.IndexState.
-Imports: kb_chunk, kb_config, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view; lazily: kb_chroma.
+Imports: kb_chunk, kb_config, kb_embedrun, kb_files, kb_links, kb_scan, kb_state, kb_store, kb_text, kb_vectors, kb_view;
+lazily: kb_chroma.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -23,8 +26,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kb_chunk import CHUNKER_VERSION, chunk_context, chunk_note, heading_levels
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
+from kb_embedrun import (
+    CHINESE_TEXT_SHARE,
+    Coverage,
+    ModelPlan,
+    RunMeter,
+    SearchGate,
+    coverage_note,
+    embed_sliced,
+    is_chinese_text,
+    plan_models,
+    policy_signature,
+    run_workers,
+    single_blas_thread,
+    task_order,
+)
 from kb_files import WordTableFile, sweep_temp_files
 from kb_links import parse_links
 from kb_scan import Stat, is_logseq_graph, note_rel_path, note_stat, read_note_bytes, scan_vault
@@ -74,6 +94,9 @@ EMBED_WAIT_POLL_S = 0.5
 # confirms a real deletion.
 MASS_DELETE_SHARE = 0.5
 MASS_DELETE_MIN_NOTES = 20
+
+# state.json's record of which chunks each model embeds (kb_embedrun.policy_signature) its vectors follow.
+VECTOR_POLICY_KEY = "vector_policy"
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -126,13 +149,23 @@ class Engine:
     Writers serialize on a file lock held only for commits, never while embedding.
     """
 
-    def __init__(self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None, embed_workers: int = 1
+    ) -> None:
+        """`embed_workers`: threads that embed side by side, each running one model call at a time (the ingest CLI
+        and the server: every core; the server's pause while a search runs)."""
         self.cfg = cfg
         self.embedder: Embedder = embedder or config_embedder(cfg)
+        self.embed_workers = embed_workers
+        self.search_gate = SearchGate()  # searches running: the embedding run pauses between model calls meanwhile
+        self.meter = RunMeter()  # each model's embedding rate in this process: the time left of a first index
         self.tokenizer = tokenizer or Tokenizer(
             cache_dir=cfg.cache_dir, word_table=WordTableFile(cfg.cache_dir / JIEBA_TABLE_FILE)
         )
         self.store = open_vector_store(cfg, self.embedder.name)
+        # The models in the order a first index embeds them; model by model where the store keeps rows with some
+        # models only (the local store), else whole rows (a Chroma server).
+        self.plans = plan_models(self.embedder, per_model=hasattr(self.store, "write_part"))
         self.view = IndexView(self.tokenizer, cfg.metadata_weight, self.store)
         self.state_path = cfg.index_dir / "state.json"
         self.params: dict[str, Any] = {
@@ -161,6 +194,9 @@ class Engine:
         self._swept = False
         self.state = IndexState(self.state_path, self.params)  # state.json as this process last read or wrote it
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
+        self._pending_parts: dict[int, tuple[Any, list[str], int]] = {}  # model -> (key, its pending, skipped count)
+        self._contents: tuple[int, list[str]] = (-1, [])  # (state version, every content state.json references)
+        self._chinese: dict[str, bool] = {}  # content -> mostly Chinese (content-addressed: never stale)
         self._segments_swept = False
         self._scan_skipped: dict[str, str] = {}
         self._logseq_graph = is_logseq_graph(cfg.kb_dir)  # outline notes chunk at blocks
@@ -323,6 +359,13 @@ class Engine:
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
         report.committed = committed
         self._reconcile_view(disk, full, report, planned)
+        if committed and embed_limit != 0 and self.model_error is None:
+            try:
+                self._apply_vector_policy(report)
+            except ModelUnavailableError as e:
+                self._model_failed(e)
+            except (LockTimeoutError, VectorStoreUnavailableError) as e:
+                report.reasons.append(f"{e}; the vectors are brought in line by the next sync")
         if committed and embed_limit != 0:
             try:
                 pending = self._pending_contents()
@@ -649,12 +692,78 @@ class Engine:
     # ---- vectors: chunks without one get embedded ---------------------------------------------------------------
 
     def _pending_contents(self) -> list[str]:
-        """Content hashes that state.json's chunks reference and the store lacks (cached per state and segments)."""
+        """Content hashes that state.json's chunks reference and that lack a vector of some model that embeds them
+        (cached per state and segments), the first model's first."""
         key = (self.state.version, self.store.segments, len(self.store))
         if self._pending[0] != key:
-            state = self.state.files
-            self._pending = (key, self.store.missing(content_of(cid) for r in state.values() for cid in r.chunks))
+            self._pending = (key, list(dict.fromkeys(c for plan in self.plans for c in self._pending_for(plan))))
         return self._pending[1]
+
+    def _state_contents(self) -> list[str]:
+        """Every content hash state.json's chunks reference, once each, in note order (cached per state)."""
+        if self._contents[0] != self.state.version:
+            state = self.state.files
+            self._contents = (
+                self.state.version,
+                list(dict.fromkeys(content_of(cid) for r in state.values() for cid in r.chunks)),
+            )
+        return self._contents[1]
+
+    def _pending_for(self, plan: ModelPlan) -> list[str]:
+        """The contents model `plan` embeds (state.json's, less the mostly Chinese ones it leaves to another model)
+        that have no vector of it yet (cached per state and segments)."""
+        key = (self.state.version, self.store.segments, len(self.store))
+        cached = self._pending_parts.get(plan.index)
+        if cached is None or cached[0] != key:
+            contents = self._state_contents()
+            missing = self.store.missing(contents) if plan.whole else self.store.missing(contents, plan.index)
+            skipped = [c for c in missing if self._leaves(plan, c)] if plan.skips_chinese else []
+            if skipped:
+                gone = set(skipped)
+                missing = [c for c in missing if c not in gone]
+            cached = self._pending_parts[plan.index] = (key, missing, len(skipped))
+        return cached[1]
+
+    def _leaves(self, plan: ModelPlan, content: str) -> bool:
+        """Whether model `plan` leaves this content to another model (mostly Chinese); False while its text is not
+        in this view (its chunk is then embedded once the view has it)."""
+        if not plan.skips_chinese:
+            return False
+        known = self._chinese.get(content)
+        if known is None:
+            text = self._texts_for([content]).get(content)
+            if text is None:
+                return False
+            known = self._chinese[content] = is_chinese_text(text)
+        return known
+
+    def coverage(self) -> list[Coverage]:
+        """For each model, in the order a first index embeds them, how many of the chunks it embeds have its vector
+        (empty when the model failed or the vectors are not loaded yet)."""
+        if self.model_error is not None or self._vectors_deferred:
+            return []
+        try:
+            total = len(self._state_contents())
+            out = []
+            for plan in self.plans:
+                pending = len(self._pending_for(plan))
+                skipped = self._pending_parts[plan.index][2]
+                out.append(Coverage(plan.name, total - skipped - pending, total - skipped, skipped))
+            return out
+        except VectorStoreUnavailableError:
+            return []
+
+    def coverage_note(self) -> str | None:
+        """What a search reply says while chunks lack vectors, e.g. "semantic results cover 1,024 of 7,889 passages;
+        indexing, about 6 min left" (None when every model covers its chunks)."""
+        coverage = self.coverage()
+        remaining = {c.model: c.total - c.embedded for c in coverage}
+        return coverage_note(coverage, self.meter.seconds_left(remaining), self._embed_lock.locked())
+
+    def seconds_left(self) -> float | None:
+        """Estimated seconds until every chunk has every vector it gets (None: unknown, or nothing left)."""
+        remaining = {c.model: c.total - c.embedded for c in self.coverage()}
+        return self.meter.seconds_left(remaining) if any(remaining.values()) else None
 
     def embed_pending(self, progress: ProgressFn | None = None, *, wait: bool = True) -> SyncReport:
         """Embed every committed chunk that has no vector (after a bulk change, a crash, or another process's
@@ -664,6 +773,39 @@ class Engine:
         self._embed_reporting(report, progress, wait=wait)
         report.pending_vectors = self.pending_vectors if self.model_error is None else 0
         return report
+
+    def _apply_vector_policy(self, report: SyncReport) -> None:
+        """Bring the vectors in line with which chunks each model embeds (kb_embedrun) and record that in state.json:
+        an index built before drops an English-only model's vectors of mostly Chinese chunks (nothing is
+        re-embedded; the search then ranks them as a fresh index would). A no-op once recorded."""
+        signature = policy_signature(self.plans)
+        if self.plans[0].whole or self.state.meta.get(VECTOR_POLICY_KEY) == signature:
+            return
+        if not len(self.store) or not any(p.skips_chinese for p in self.plans):
+            self.state.meta[VECTOR_POLICY_KEY] = signature  # nothing to drop: the next commit records it
+            return
+        dims = self._dims()
+        with self._locked():
+            self._refresh_state(report.reasons)
+            if self.state.model_switch or self.state.meta.get(VECTOR_POLICY_KEY) == signature:
+                return
+            segments: tuple[str, ...] | None = None
+            for plan in self.plans:
+                if not plan.skips_chinese or len(self.store) == 0:
+                    continue
+                held = set(self._state_contents()) - set(self.store.missing(self._state_contents(), plan.index))
+                chinese = [c for c in held if self._leaves(plan, c)]
+                if chinese:
+                    segments = self.store.without_part(plan.index, dims, chinese)
+                    self.store.load(segments)  # the next model's rows build on these
+                    report.reasons.append(
+                        f"{plan.name} now embeds only chunks less than {CHINESE_TEXT_SHARE:.0%} Chinese (the other "
+                        f"model covers the rest): dropped its vectors of {len(chinese)} mostly Chinese chunks; "
+                        "nothing was re-embedded"
+                    )
+            self.state.meta[VECTOR_POLICY_KEY] = signature
+            if segments is not None:
+                self._commit_state(segments)
 
     def _model_failed(self, e: ModelUnavailableError) -> None:
         """Keyword-only from now on in this process, saying why once."""
@@ -677,6 +819,7 @@ class Engine:
             return
         self.load_vectors()  # what has a vector already
         try:
+            self._apply_vector_policy(report)
             self._embed(report, progress, wait=wait)
         except ModelUnavailableError as e:
             self._model_failed(e)
@@ -706,33 +849,96 @@ class Engine:
             self.progress = None
 
     def _embed_claimed(self, report: SyncReport, progress: ProgressFn | None) -> None:
+        """Embed model by model (kb_embedrun): tasks of EMBED_BATCH chunks for one model, the multilingual model's
+        first, on `embed_workers` threads, pausing between model calls while a search runs; each task is one segment
+        of rows gaining that model (or whole rows), and one commit, so a killed run loses at most a task per worker."""
         self._refresh_state(report.reasons)
-        total = len(self._pending_contents())
-        done = 0
-        while not self.cancel:
-            pending = self._pending_contents()
-            texts = self._texts_for(pending[:EMBED_BATCH])
-            if not texts:
-                if pending:
-                    logger.debug("%d chunks without a vector are not in this view yet; the next sync embeds them", len(pending))
-                self._compact()
-                return
-            vectors = self.embedder.embed_documents(list(texts.values()))  # outside the lock: may take seconds
-            report.chunks_embedded += len(vectors)
-            with self._locked():
-                self._refresh_state(report.reasons)
-                if self.state.model_switch:
-                    return  # another process moved the index to another model: these vectors are not wanted
-                self._sweep_segments()
-                segments = self.store.write_segment(dict(zip(texts, vectors)))
-                if segments != self.store.segments:
-                    self._commit_state(segments)
-                    self.store.load(segments)
-            done += len(texts)
-            self.progress = (done, max(total, done))
-            if progress:
-                progress("embed", done, max(total, done))
-        report.reasons.append("embedding stopped early; the next sync resumes where this one stopped")
+        plans = self.plans
+        totals = {p.index: len(self._pending_for(p)) for p in plans}
+        done = dict.fromkeys(totals, 0)
+        taken: set[tuple[int, str]] = set()  # (model, content) handed to a worker in this run
+        embedded: set[str] = set()
+        scheduling = threading.Lock()
+        stop = threading.Event()
+        switched = threading.Event()
+        workers = max(1, self.embed_workers)
+        self.meter.workers = workers
+        dims = () if plans[0].whole else self._dims()
+
+        def next_task(worker: int) -> tuple[ModelPlan, dict[str, str]] | None:
+            with scheduling:
+                for plan in task_order(plans, worker):
+                    texts = self._texts_for([c for c in self._pending_for(plan) if (plan.index, c) not in taken], EMBED_BATCH)
+                    if texts:
+                        taken.update((plan.index, c) for c in texts)
+                        return plan, texts
+            return None
+
+        def work(worker: int) -> None:
+            while not (self.cancel or stop.is_set()):
+                task = next_task(worker)
+                if task is None:
+                    return
+                plan, texts = task
+                vectors = embed_sliced(
+                    plan, list(texts.values()), self.search_gate, self.meter, lambda: self.cancel or stop.is_set()
+                )
+                if vectors is None:
+                    return
+                if not self._commit_part(plan, dims, dict(zip(texts, vectors)), report):
+                    switched.set()
+                    stop.set()
+                    return
+                with scheduling:
+                    embedded.update(texts)
+                    done[plan.index] += len(texts)
+                    report.embedded_by_model[plan.name] = report.embedded_by_model.get(plan.name, 0) + len(texts)
+                    self.progress = (sum(done.values()), max(sum(totals.values()), sum(done.values())))
+                    if progress:
+                        stage = "embed" if plan.whole else f"embed:{plan.name}"
+                        progress(stage, done[plan.index], max(totals[plan.index], done[plan.index]))
+
+        try:
+            with single_blas_thread() if workers > 1 else contextlib.nullcontext():
+                run_workers(workers, work, stop)
+        finally:
+            report.chunks_embedded += len(embedded)
+        if self.cancel:
+            report.reasons.append("embedding stopped early; the next sync resumes where this one stopped")
+        elif not switched.is_set():
+            left = len(self._pending_contents())
+            if left:
+                logger.debug("%d chunks without a vector are not in this view yet; the next sync embeds them", left)
+            self._compact()
+
+    def _dims(self) -> tuple[int, ...]:
+        """Each model's vector size, in the order of a row (embeds a probe once where not known)."""
+        dims = getattr(self.embedder, "dims", None)
+        if dims is not None:
+            return tuple(dims())
+        return (len(self.embedder.embed_query("dimension probe")),)
+
+    def _commit_part(
+        self, plan: ModelPlan, dims: tuple[int, ...], vectors: dict[str, Sequence[float]], report: SyncReport
+    ) -> bool:
+        """Commit one task's vectors as rows gaining that model (or whole rows); False if another process moved the
+        index to another model meanwhile (these vectors are not wanted)."""
+        with self._locked():
+            self._refresh_state(report.reasons)
+            if self.state.model_switch:
+                return False
+            self._sweep_segments()
+            if plan.whole:
+                segments = self.store.write_segment(vectors)
+            else:  # as MultiEmbedder lays a row out: each model's unit vector over sqrt(models)
+                scale = 1.0 / math.sqrt(len(dims))
+                segments = self.store.write_part(
+                    plan.index, dims, {k: np.asarray(v, dtype=np.float64) * scale for k, v in vectors.items()}
+                )
+            if segments != self.store.segments:
+                self._commit_state(segments)
+                self.store.load(segments)
+        return True
 
     def _compact(self) -> None:
         """After an embedding run: drop vectors no chunk references when they are many (a deletion's compaction
@@ -746,8 +952,9 @@ class Engine:
                 self._sweep_segments(force=True)
                 self.store.load(segments)
 
-    def _texts_for(self, contents: Sequence[str]) -> dict[str, str]:
-        """The text to embed for each content hash, from a chunk of the view holding it."""
+    def _texts_for(self, contents: Sequence[str], limit: int | None = None) -> dict[str, str]:
+        """The text to embed for each content hash (the first `limit` that are in this view), from a chunk of the
+        view holding it."""
         out: dict[str, str] = {}
         with self.mutex:
             for content in contents:
@@ -755,6 +962,8 @@ class Engine:
                 if ids:
                     c = self.view.chunks[min(ids)]
                     out[content] = embed_text(c, self.view.files.get(c.path))
+                    if limit is not None and len(out) >= limit:
+                        break
         return out
 
     # ---- the view: notes -> this process's BM25 ------------------------------------------------------------

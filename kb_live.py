@@ -51,6 +51,9 @@ M_ARENA_MAX = -8
 # thread saves ~10 ms on an idle 2-core machine but, measured here, turned 15 ms into ~490 ms (torch) when the other
 # core was busy (e.g. the client itself); numpy's own BLAS threads did the same to every vector scan.
 SERVER_MODEL_THREADS = 1
+# Threads that embed chunks side by side in the background (a first index, a git pull), each one model call on one
+# core at a time, pausing while a search runs (kb_embedrun.SearchGate): every core, as the user waits for the index.
+SERVER_EMBED_WORKERS = os.cpu_count() or 1
 # Before taking the changed paths, a search sleeps this long so watchdog's threads hand over events the kernel has
 # already queued: anything saved before the request was sent is queued by then, and inotify -> handler took
 # p50 0.2 ms, p99 4 ms, max 4.2 ms here (200 writes, idle and with one core busy). Residual risk: a handler delayed
@@ -190,7 +193,7 @@ class LiveIndex:
             threadpool_limits(SERVER_MODEL_THREADS)
             cfg = self.cfg
             embedder = self._embedder or config_embedder(cfg, threads=SERVER_MODEL_THREADS)
-            self.engine = Engine(cfg, embedder)
+            self.engine = Engine(cfg, embedder, embed_workers=SERVER_EMBED_WORKERS)
             self.searcher = Searcher(self.engine)
         except BaseException as e:  # reported by every tool call
             self._init_error = e
@@ -372,7 +375,13 @@ class LiveIndex:
         mode = self.search_mode(mode, notes)
 
         def run() -> SearchResult:
-            return self.searcher.search(query, mode=mode, **options)
+            with self.engine.search_gate.searching():  # a first index's embedding pauses meanwhile
+                result = self.searcher.search(query, mode=mode, **options)
+            if mode != "keyword":
+                covered = self.engine.coverage_note()  # while chunks lack vectors: how much the semantic lists cover
+                if covered:
+                    result.notes.append(covered)
+            return result
 
         result = run()
         if self.apply_late_events(notes):

@@ -276,9 +276,12 @@ class Searcher:
         got = list(stored)
         matrix = np.asarray([stored[cid] for cid in got], dtype=np.float32)
         for sl, known in zip(lists, out):
-            sims = matrix @ np.asarray(sl.part.vector, dtype=np.float32) * sl.part.scale
-            for cid, sim in zip(got, sims.tolist()):
-                known.setdefault(cid, sim)
+            query = np.asarray(sl.part.vector, dtype=np.float32)
+            sims = matrix @ query * sl.part.scale
+            held = np.abs(matrix[:, query != 0]).max(axis=1, initial=0.0) > 0  # a row may lack a model (kb_store)
+            for cid, sim, has in zip(got, sims.tolist(), held.tolist()):
+                if has:
+                    known.setdefault(cid, sim)
         return out
 
     # ---- search -----------------------------------------------------------------------------------------------
@@ -378,7 +381,7 @@ class Searcher:
                 relevant = False
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
-            mean_cos = {cid: sum(c[cid] for c in cosines) / len(cosines) for cid in head if all(cid in c for c in cosines)}
+            mean_cos = {cid: sum(got) / len(got) for cid in head if (got := [c[cid] for c in cosines if cid in c])}
         closest: list[str] = []
         low: list[Hit] = []
         if not relevant:  # abstain, but show the nearest passages as low-confidence pointers

@@ -106,6 +106,7 @@ class SyncReport:
     committed: bool = True  # False when nothing was committed (model unavailable, or lock busy): keyword view only
     lock_timeout: bool = False  # the index lock stayed busy: nothing was committed
     pending_vectors: int = 0  # committed chunks still without a vector (embedding in the background)
+    embedded_by_model: dict[str, int] = field(default_factory=dict)  # chunks each model embedded (several models)
 
     @property
     def did_work(self) -> bool:

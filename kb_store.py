@@ -3,7 +3,12 @@
 Each write adds one segment file (`vectors/seg-*.npz`, written atomically) *before* state.json names it, so a reader
 that follows state.json only ever loads complete segments, and a crash leaves at most an unnamed file that the next
 writer sweeps. No process holds a database open, so any number of processes read at once and a killed one corrupts
-nothing. Search is an exact cosine (a matrix-vector product per segment). Imports: kb_config, kb_files.
+nothing. Search is an exact cosine (a matrix-vector product per segment).
+
+A row is the models' vectors side by side (kb_vectors.MultiEmbedder's layout). It may hold only some of them (a first
+index embeds the multilingual model first; an English-only model skips mostly Chinese text): its `parts` mask says
+which, the slots of the others are zeros, and a query is scored only on rows holding the models it asks about. A row
+that gains a model is written again whole; the later copy wins. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +39,21 @@ COMPACT_DEAD_SHARE = 0.3
 COMPACT_MIN_DEAD = 500
 # Stored precision: float32 keeps cosines exact to ~1e-7 at half the memory of float64.
 DTYPE = np.float32
+# A row's parts mask when it holds every model's vector; segments written before masks existed hold only such rows.
+ALL_PARTS = 0xFF
+# Models one row can hold (bits of the uint8 mask).
+MAX_PARTS = 8
+MASK_DTYPE = np.uint8
+
+
+def part_slices(dims: Sequence[int]) -> list[slice]:
+    """Where each model's vector sits in a row of models of these sizes, in order."""
+    starts = np.cumsum([0, *dims]).tolist()
+    return [slice(a, b) for a, b in zip(starts, starts[1:])]
+
+
+def _bit_count(mask: int) -> int:
+    return bin(mask).count("1")
 
 
 class VectorStore:
@@ -52,7 +73,12 @@ class VectorStore:
         # block, where concatenating made a second copy of every vector (+64 MB at tldr, the server's memory peak).
         self._blocks: list[np.ndarray] = []
         self._starts = np.zeros(0, dtype=np.int64)  # each block's first row
-        self._cache: dict[str, tuple[list[str], np.ndarray]] = {}  # segment name -> (keys, vectors)
+        self._cache: dict[str, _Segment] = {}  # segment name -> its contents
+        self._masks = np.zeros(0, dtype=MASK_DTYPE)  # each row's parts (ALL_PARTS: every model's vector)
+        self._dims: tuple[int, ...] | None = None  # the models' vector sizes, from the segments that record them
+        self._partial = False  # some row that counts (the last of its content) lacks a model's vector
+        self._factors: dict[int, np.ndarray] = {}  # parts a query asks about -> score factor per mask (see _factor)
+        self._superseded: np.ndarray | None = None  # True for rows a later copy of the same text replaced
 
     # ---- what is loaded ---------------------------------------------------------------------------------------
 
@@ -70,10 +96,25 @@ class VectorStore:
     def __contains__(self, content: object) -> bool:
         return content in self._row
 
-    def missing(self, contents: Iterable[str]) -> list[str]:
-        """The content hashes that have no vector yet, in the order given, without repeats."""
+    @property
+    def partial(self) -> bool:
+        """Whether some content's row lacks a model's vector (a first index under way, or skipped text)."""
+        return self._partial
+
+    def missing(self, contents: Iterable[str], part: int | None = None) -> list[str]:
+        """The content hashes that have no vector yet (with `part`: none of model `part`, the index of its slots),
+        in the order given, without repeats."""
         with self._lock:
-            return [c for c in dict.fromkeys(contents) if c not in self._row]
+            if part is None:
+                return [c for c in dict.fromkeys(contents) if c not in self._row]
+            bit, row, masks = 1 << part, self._row, self._masks
+            return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit]
+
+    def parts_of(self, content: str) -> int:
+        """The parts mask of a content's row (0: no row; ALL_PARTS: every model's vector)."""
+        with self._lock:
+            i = self._row.get(content)
+            return 0 if i is None else int(self._masks[i])
 
     def load(self, names: Sequence[str]) -> None:
         """Adopt the segments state.json names (loading only new ones). Raises FileNotFoundError if one is gone
@@ -83,26 +124,36 @@ class VectorStore:
             if names == self._segments:
                 return
             loaded = {n: self._cache.get(n) or self._read(n) for n in names}
-            dims = {v.shape[1] for _, v in loaded.values() if len(v)}
-            if len(dims) > 1:
+            sizes = {seg.vectors.shape[1] for seg in loaded.values() if len(seg.vectors)}
+            layouts = {seg.dims for seg in loaded.values() if seg.dims is not None}
+            if len(sizes) > 1 or len(layouts) > 1 or any(sum(d) not in sizes for d in layouts if sizes):
                 raise IndexFormatError(
-                    f"vector segments in {self.folder} have different sizes {sorted(dims)}; "
+                    f"vector segments in {self.folder} have different sizes {sorted(sizes)} (models {sorted(layouts)}); "
                     "run `python ingest.py --rebuild` to re-embed"
                 )
             keys: list[str] = []
             blocks: list[np.ndarray] = []
             starts: list[int] = []
             for n in names:
-                k, v = loaded[n]
-                if len(k):
+                seg = loaded[n]
+                if len(seg.keys):
                     starts.append(len(keys))
-                    blocks.append(v)
-                keys.extend(k)
+                    blocks.append(seg.vectors)
+                keys.extend(seg.keys)
+            masks = np.concatenate([loaded[n].masks for n in names]) if names else np.zeros(0, dtype=MASK_DTYPE)
             row: dict[str, int] = {}
             for i, k in enumerate(keys):
-                row[k] = i  # a later segment's copy of the same text wins; either vector is the same model's
+                row[k] = i  # a later segment's copy of the same text wins: the same vectors, or more models'
             self._blocks, self._starts = blocks, np.asarray(starts, dtype=np.int64)
             self._keys, self._row, self._segments, self._cache = keys, row, names, loaded
+            self._masks = masks
+            self._dims = next(iter(layouts)) if layouts else None
+            counted = np.fromiter(row.values(), dtype=np.int64, count=len(row))
+            self._partial = bool((masks[counted] != ALL_PARTS).any())
+            self._superseded = None
+            if len(row) < len(keys):  # an earlier copy of a text may lack a model its last copy holds: never scored
+                self._superseded = np.ones(len(keys), dtype=bool)
+                self._superseded[counted] = False
 
     def _rows(self, rows: Sequence[int]) -> np.ndarray:
         """The vectors at these rows, in order, as one (len(rows), dim) array (a copy); the caller holds the lock."""
@@ -116,21 +167,30 @@ class VectorStore:
             out[mine] = self._blocks[b][wanted[mine] - self._starts[b]]
         return out
 
-    def _read(self, name: str) -> tuple[list[str], np.ndarray]:
+    def _read(self, name: str) -> _Segment:
         path = self.folder / name
         try:
             with np.load(path, allow_pickle=False) as data:
                 keys = [str(k) for k in data["keys"]]
                 vectors = np.asarray(data["vectors"], dtype=DTYPE)
+                masks = np.asarray(data["parts"], dtype=MASK_DTYPE) if "parts" in data else None
+                dims = tuple(int(d) for d in data["dims"]) if "dims" in data else None
         except FileNotFoundError:
             raise
         except (OSError, ValueError, KeyError) as e:
             raise IndexFormatError(
                 f"vector segment {path} is unreadable ({type(e).__name__}: {e}); run `python ingest.py --rebuild`"
             ) from e
-        if vectors.ndim != 2 or len(keys) != len(vectors):
+        if masks is None:
+            masks = np.full(len(keys), ALL_PARTS, dtype=MASK_DTYPE)
+        if vectors.ndim != 2 or len(keys) != len(vectors) or len(masks) != len(keys):
             raise IndexFormatError(f"vector segment {path} is malformed; run `python ingest.py --rebuild`")
-        return keys, vectors
+        if dims is not None and len(vectors) and sum(dims) != vectors.shape[1]:
+            raise IndexFormatError(
+                f"vector segment {path} names models of sizes {dims} but holds rows of "
+                f"{vectors.shape[1]}; run `python ingest.py --rebuild`"
+            )
+        return _Segment(keys, vectors, masks, dims)
 
     # ---- writing (the caller holds the index lock, then commits state.json with the returned list) -------------
 
@@ -141,18 +201,79 @@ class VectorStore:
         The store keeps showing the old list until `load` is called with the new one after the commit.
         """
         with self._lock:
-            new = {k: v for k, v in vectors.items() if k not in self._row}
+            row, masks = self._row, self._masks
+            new = {k: v for k, v in vectors.items() if (i := row.get(k)) is None or masks[i] != ALL_PARTS}
             if not new:
                 return self._segments
-            name = self._write(list(new), np.asarray(list(new.values()), dtype=DTYPE))
+            matrix = np.asarray(list(new.values()), dtype=DTYPE)
+            name = self._write(list(new), matrix, np.full(len(new), ALL_PARTS, dtype=MASK_DTYPE), self._dims)
             return (*self._segments, name)
 
-    def _write(self, keys: list[str], matrix: np.ndarray) -> str:
+    def write_part(self, part: int, dims: Sequence[int], vectors: dict[str, Sequence[float]]) -> tuple[str, ...]:
+        """Write model `part`'s vectors (content hash -> its slots' values, scaled as the row holds them) into rows
+        of models of sizes `dims`: a content's row keeps what it held and gains this model; contents that hold it
+        already are left out. Returns the segment list for state.json, as write_segment does.
+
+        Example: store.write_part(1, (512, 384), {"3fa2...": minilm_vector / math.sqrt(2)})
+        """
+        dims = tuple(int(d) for d in dims)
+        if not 0 <= part < len(dims) <= MAX_PARTS:
+            raise ValueError(f"model {part} of {len(dims)}: a row holds at most {MAX_PARTS} models")
+        bit, full, where = 1 << part, (1 << len(dims)) - 1, part_slices(dims)[part]
+        with self._lock:
+            if self._keys and self.dim != sum(dims):
+                raise IndexFormatError(
+                    f"the index's vectors have {self.dim} dimensions, the models {sum(dims)} ({dims}): they come from "
+                    "other models; run `python ingest.py` to re-embed with the configured ones"
+                )
+            todo = [(k, self._row.get(k)) for k in vectors]
+            todo = [(k, i) for k, i in todo if i is None or not self._masks[i] & bit]
+            if not todo:
+                return self._segments
+            old = [i for _, i in todo if i is not None]
+            matrix = np.zeros((len(todo), sum(dims)), dtype=DTYPE)
+            masks = np.zeros(len(todo), dtype=MASK_DTYPE)
+            if old:
+                had = [j for j, (_, i) in enumerate(todo) if i is not None]
+                matrix[had] = self._rows(old)
+                masks[had] = self._masks[old]
+            matrix[:, where] = np.asarray([vectors[k] for k, _ in todo], dtype=DTYPE)
+            masks |= bit
+            masks[masks & full == full] = ALL_PARTS
+            name = self._write([k for k, _ in todo], matrix, masks, dims)
+            return (*self._segments, name)
+
+    def without_part(self, part: int, dims: Sequence[int], contents: Iterable[str]) -> tuple[str, ...]:
+        """Write the rows of `contents` again without model `part`'s vector (its slots zeroed), for a model that no
+        longer embeds them; a row left with no model is left as it was. Returns the segment list for state.json."""
+        dims = tuple(int(d) for d in dims)
+        bit, full, where = 1 << part, (1 << len(dims)) - 1, part_slices(dims)[part]
+        with self._lock:
+            if not self._keys or self.dim != sum(dims):
+                return self._segments
+            todo = []
+            for k in dict.fromkeys(contents):
+                i = self._row.get(k)
+                mask = None if i is None else (full if self._masks[i] == ALL_PARTS else int(self._masks[i]))
+                if mask is not None and mask & bit and mask & ~bit & full:
+                    todo.append((k, i, mask & ~bit))
+            if not todo:
+                return self._segments
+            matrix = self._rows([i for _, i, _ in todo])
+            matrix[:, where] = 0.0
+            masks = np.asarray([m for _, _, m in todo], dtype=MASK_DTYPE)
+            name = self._write([k for k, _, _ in todo], matrix, masks, dims)
+            return (*self._segments, name)
+
+    def _write(self, keys: list[str], matrix: np.ndarray, masks: np.ndarray, dims: tuple[int, ...] | None) -> str:
+        """One new segment file; masks and sizes are recorded only when a row lacks a model (else the file is the
+        format every earlier version reads)."""
         name = f"seg-{uuid.uuid4().hex[:16]}{SEGMENT_SUFFIX}"
         buf = io.BytesIO()
-        np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix)
+        extra = {} if dims is None or bool((masks == ALL_PARTS).all()) else {"parts": masks, "dims": np.asarray(dims)}
+        np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix, **extra)
         atomic_write_bytes(self.folder / name, buf.getvalue())
-        self._cache[name] = (keys, matrix)
+        self._cache[name] = _Segment(keys, matrix, masks, dims if extra else None)
         return name
 
     def compacted(self, live: set[str]) -> tuple[str, ...] | None:
@@ -163,8 +284,9 @@ class VectorStore:
             if not fragmented and not (dead >= COMPACT_MIN_DEAD and dead > COMPACT_DEAD_SHARE * len(self._keys)):
                 return None
             keep = [k for k in self._row if k in live]
-            matrix = self._rows([self._row[k] for k in keep]) if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
-            return (self._write(keep, matrix),) if keep else ()
+            rows = [self._row[k] for k in keep]
+            matrix = self._rows(rows) if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
+            return (self._write(keep, matrix, self._masks[rows], self._dims),) if keep else ()
 
     def clear(self) -> None:
         """Forget every vector (rebuild, model change); the caller has committed a state.json naming none."""
@@ -210,13 +332,35 @@ class VectorStore:
             )
         return q
 
+    def _factor(self, q: np.ndarray) -> np.ndarray | None:
+        """Per row, what a query's dot product is multiplied by: 1 where the row holds every model the query has
+        values for, 0 where it holds none (left out), and for a query of several models (a stored vector used as
+        one) the models' count over those the row holds, so it is the mean over them. None: every row holds all."""
+        if not self._partial or self._dims is None:
+            return None
+        asked = sum(1 << p for p, where in enumerate(part_slices(self._dims)) if q[where].any())
+        lut = self._factors.get(asked)
+        if lut is None:
+            n = _bit_count(asked)
+            held = [_bit_count((m if m != ALL_PARTS else asked) & asked) for m in range(ALL_PARTS + 1)]
+            lut = self._factors[asked] = np.asarray([n / h if h else 0.0 for h in held], dtype=DTYPE)
+        return lut[self._masks]
+
     def cosines(self, query: Sequence[float], contents: Sequence[str]) -> dict[str, float]:
-        """Cosine of the (unit) query with each stored content hash given (absent ones are left out)."""
+        """Cosine of the (unit) query with each stored content hash given (absent ones, and those whose row lacks
+        the query's model, are left out)."""
         with self._lock:
             rows = [(c, self._row[c]) for c in contents if c in self._row]
             if not rows:
                 return {}
-            sims = self._rows([i for _, i in rows]) @ self._query(query)
+            q = self._query(query)
+            sims = self._rows([i for _, i in rows]) @ q
+            factor = self._factor(q)
+            if factor is not None:
+                scale = factor[[i for _, i in rows]]
+                sims *= scale
+                rows = [r for r, f in zip(rows, scale) if f]
+                sims = sims[scale != 0]
         return {c: float(s) for (c, _), s in zip(rows, sims)}
 
     def nearest(self, query: Sequence[float], n: int) -> list[tuple[str, float]]:
@@ -236,9 +380,19 @@ class VectorStore:
             parts = [b @ q for b in self._blocks]
             sims_all = parts[0] if len(parts) == 1 else np.concatenate(parts)
             keys = self._keys
+            # Rows a query does not score: another copy of the same text (a later one counts), or without its model.
+            factors = [self._factor(q[:, j]) for j in range(len(queries))]
+            superseded = self._superseded
         out: list[list[tuple[str, float]]] = []
         for j, n in enumerate(ns):
             sims = sims_all[:, j]
+            if factors[j] is not None or superseded is not None:
+                sims = sims * factors[j] if factors[j] is not None else sims.copy()
+                if factors[j] is not None:
+                    sims[factors[j] == 0] = -np.inf
+                if superseded is not None:
+                    sims[superseded] = -np.inf
+                n = min(n, int(np.isfinite(sims).sum()))
             k = min(n, len(sims))
             if k <= 0:
                 out.append([])
@@ -247,3 +401,13 @@ class VectorStore:
             top = top[np.argsort(-sims[top], kind="stable")]
             out.append([(keys[i], float(sims[i])) for i in top])
         return out
+
+
+class _Segment(NamedTuple):
+    """One segment file as read or written: content hashes, their rows, each row's parts mask, and the models' sizes
+    (None when every row holds every model)."""
+
+    keys: list[str]
+    vectors: np.ndarray
+    masks: np.ndarray
+    dims: tuple[int, ...] | None

@@ -332,6 +332,8 @@ class KnowledgeBase:
             "sync_running": engine.syncing,
             "sync_progress": list(engine.progress) if engine.progress else None,
             "chunks_without_vector": pending or None,
+            "semantic_coverage": {c.model: c.as_dict() for c in engine.coverage()} or None,  # chunks with each model's vector
+            "indexing_seconds_left": round(left) if (left := engine.seconds_left()) is not None else None,
             "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
             "last_sync_ms": round(rep.elapsed_ms, 1) if rep else None,
             "last_sync_summary": rep.summary() if rep else None,

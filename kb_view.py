@@ -345,8 +345,9 @@ class IndexView:
             return sorted(self.cosines(vector, ids).items(), key=lambda x: -x[1])[:n]
         want = n * 2
         while True:
-            found = self._chunks_of(self.store.nearest(vector, want))
-            if len(found) >= n or want >= len(self.store):
+            near = self.store.nearest(vector, want)
+            found = self._chunks_of(near)
+            if len(found) >= n or want >= len(self.store) or len(near) < want:  # fewer: no more rows hold its model
                 return found[:n]
             want *= 4  # many stored texts no chunk holds any more: ask for more
 
@@ -359,7 +360,8 @@ class IndexView:
         out: list[list[tuple[str, float]]] = []
         for vector, n, near in zip(vectors, ns, self.store.nearest_many(vectors, [n * 2 for n in ns])):
             found = self._chunks_of(near)
-            out.append(found[:n] if len(found) >= n or len(near) >= len(self.store) else self.nearest(vector, n))
+            done = len(found) >= n or len(near) >= len(self.store) or len(near) < n * 2
+            out.append(found[:n] if done else self.nearest(vector, n))
         return out
 
     def cosines(self, vector: Sequence[float], ids: Iterable[str]) -> dict[str, float]:

@@ -248,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        help="CPU threads per embedding model (default: the ingest CLI's, the bundled MiniLM on every core and the "
-        "others on one; the server uses 1)",
+        help="threads that embed side by side, each running one model call on one core (default: the ingest CLI's, every core)",
     )
     parser.add_argument(
         "--config", type=Path, help="take model and search settings from this config (kb_dir/data_dir are replaced)"
@@ -291,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         from kb_search import Searcher
         from kb_vectors import config_embedder
 
-        embedder = config_embedder(cfg, threads=args.threads, workers=args.threads or INGEST_WORKERS)
-        engine = Engine(cfg, embedder)
+        embedder = config_embedder(cfg)
+        engine = Engine(cfg, embedder, embed_workers=args.threads or INGEST_WORKERS)
         t0 = time.perf_counter()
         sync = engine.sync_all()
         if engine.model_error and any(m in ("hybrid", "semantic") for m in modes):
