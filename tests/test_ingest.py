@@ -697,22 +697,29 @@ def test_vault_profile_samples_the_whole_index_not_its_first_folder(tmp_path, ma
     assert set(languages) == {"en", "zh"} and 0.15 <= languages["zh"] <= 0.35, languages
 
 
-def test_ingest_splits_the_bundled_minilm_batches_over_every_core_and_keeps_use_at_one_thread(small_vault, tmp_path, monkeypatch):
-    """The ingest CLI is a foreground job: the bundled MiniLM splits each batch over every core (15 -> 28 texts/s on
-    2 cores), USE keeps one BLAS thread (two made it 2.5x slower with a core busy)."""
+def test_ingest_embeds_on_every_core_with_each_model_call_on_one_thread(small_vault, tmp_path, monkeypatch):
+    """The ingest CLI is a foreground job: the engine runs one embedding worker per core (kb_embedrun), each model
+    call on one BLAS thread (USE with two went 2.5x slower with a core busy; workers degrade gracefully)."""
     from kb_vectors import make_embedder
 
     asked: dict = {}
+    workers: list[int] = []
 
     def recording(*args, **kwargs):
         asked.update(kwargs)
         return HashEmbedder()
 
+    class RecordingEngine(Engine):
+        def __init__(self, *args, **kwargs):
+            workers.append(kwargs.get("embed_workers", 1))
+            super().__init__(*args, **kwargs)
+
     monkeypatch.setenv("KB_CONFIG", str(_blank_config(tmp_path)))
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setattr(ingest, "config_embedder", recording)
+    monkeypatch.setattr(ingest, "Engine", RecordingEngine)
     assert ingest.main(["--kb-dir", str(small_vault), "-q"]) == 0
-    assert asked["workers"] == ingest.INGEST_WORKERS == (os.cpu_count() or 1)
-    use, minilm = make_embedder("use-multilingual,all-MiniLM-L6-v2", workers=3).parts  # nothing is loaded
-    assert (use.threads, minilm.threads) == (1, 3)
-    assert make_embedder("all-MiniLM-L6-v2").threads == 1  # the server's and the watcher's default
+    assert workers == [ingest.INGEST_WORKERS] and ingest.INGEST_WORKERS == (os.cpu_count() or 1)
+    assert "workers" not in asked and "threads" not in asked  # each model on one thread
+    use, minilm = make_embedder("use-multilingual,all-MiniLM-L6-v2").parts  # nothing is loaded
+    assert (use.threads, minilm.threads) == (1, 1)

@@ -1,0 +1,286 @@
+"""A first index (issue 34): model by model, the multilingual model first, on several workers that pause while a
+search runs; an English-only model skips mostly Chinese chunks; replies and index_status say how much is covered.
+
+Real files, vector segments and state in tmp_path, real jieba; hash embedders named after the default pair (so the
+English-only one is recognised by name) that record what they embed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kb_fixtures import make_config, wait_until, write_note
+
+import kb_embedrun
+import mcp_server
+from kb_engine import Engine, content_of, embed_text
+from kb_store import ALL_PARTS, VectorStore
+from kb_text import cjk_share
+from kb_vectors import HashEmbedder, MultiEmbedder
+
+WAIT_S = 30.0
+USE, MINILM = "use-multilingual", "all-MiniLM-L6-v2"
+
+
+class Recorder(HashEmbedder):
+    """A hash embedder that records every text it embeds, in order, and may hold a call until released."""
+
+    def __init__(self, dim: int, name: str) -> None:
+        super().__init__(dim=dim, name=name)
+        self.texts: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.waiting = threading.Event()
+
+    def embed_documents(self, texts):
+        if not self.release.is_set():
+            self.waiting.set()
+            self.release.wait(WAIT_S)
+        self.texts.extend(texts)
+        return super().embed_documents(texts)
+
+
+def _pair() -> MultiEmbedder:
+    return MultiEmbedder([Recorder(24, USE), Recorder(16, MINILM)])
+
+
+@pytest.fixture
+def mixed_vault(tmp_path: Path) -> Path:
+    """English notes, Chinese notes and a Chinese note about commands (its code blocks are not prose)."""
+    root = tmp_path / "mixed"
+    for i in range(6):
+        write_note(root, f"en/cmd{i}.md", f"# cmd{i}\n\nList the files of directory {i}, sorted by size.\n")
+        write_note(root, f"zh/cmd{i}.md", f"# cmd{i}\n\n列出第 {i} 个目录中的文件，按大小排序。\n")
+    write_note(root, "zh/git.md", "# Git\n\n撤销最近一次提交：\n\n```\ngit reset --soft HEAD~1\n```\n")
+    return root
+
+
+def _engine(vault: Path, data: Path, embedder: MultiEmbedder | None = None, **kw: object) -> Engine:
+    return Engine(make_config(vault, data), embedder or _pair(), **kw)
+
+
+def _chinese(engine: Engine) -> set[str]:
+    return {c.content for c in engine.chunks.values() if cjk_share(embed_text(c, engine.files[c.path])) >= 0.3}
+
+
+def test_first_index_embeds_every_chunk_with_the_multilingual_model_and_english_chunks_with_the_english_one(
+    mixed_vault, tmp_path
+):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    use, minilm = engine.embedder.parts
+
+    report = engine.sync_all()
+
+    contents = {c.content for c in engine.chunks.values()}
+    chinese = _chinese(engine)
+    assert 0 < len(chinese) < len(contents)
+    assert len(use.texts) == len(contents) and len(minilm.texts) == len(contents) - len(chinese)
+    assert report.embedded_by_model == {USE: len(contents), MINILM: len(contents) - len(chinese)}
+    assert report.chunks_embedded == len(contents) and engine.pending_vectors == 0
+    assert {c.model: (c.embedded, c.total, c.skipped) for c in engine.coverage()} == {
+        USE: (len(contents), len(contents), 0),
+        MINILM: (len(contents) - len(chinese), len(contents) - len(chinese), len(chinese)),
+    }
+    assert engine.coverage_note() is None
+    assert engine.sync_all().embedded_by_model == {}  # nothing left: the skipped chunks are not pending
+
+
+def test_first_index_rows_equal_the_pair_embedders_rows_where_both_models_embed(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    engine.sync_all()
+    reference = MultiEmbedder([HashEmbedder(24, USE), HashEmbedder(16, MINILM)])
+    chinese = _chinese(engine)
+    for c in engine.chunks.values():
+        stored = engine.store.vector(c.content)
+        joint = np.asarray(reference.embed_documents([embed_text(c, engine.files[c.path])])[0], dtype=np.float32)
+        if c.content in chinese:  # the English model's slots stay empty
+            assert np.array_equal(stored[:24], joint[:24]) and not stored[24:].any()
+            assert engine.store.parts_of(c.content) == 0b01
+        else:  # bit for bit what embedding both at once stored
+            assert np.array_equal(stored, joint) and engine.store.parts_of(c.content) == ALL_PARTS
+
+
+def test_first_index_embeds_with_the_multilingual_model_first(mixed_vault, tmp_path):
+    order: list[str] = []
+    pair = MultiEmbedder([Recorder(16, MINILM), Recorder(24, USE)])  # listed English first: still embedded second
+    for part in pair.parts:
+        real = part.embed_documents
+        part.embed_documents = lambda texts, real=real, name=part.name: order.extend([name] * len(texts)) or real(texts)
+    engine = _engine(mixed_vault, tmp_path / "data", pair)
+
+    engine.sync_all()
+
+    assert order and order == sorted(order, key=lambda name: name != USE)
+
+
+def test_sync_embeds_only_the_edited_chunks_with_each_model_when_one_note_changes(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    use, minilm = engine.embedder.parts
+    engine.sync_all()
+    before = len(use.texts), len(minilm.texts)
+
+    write_note(mixed_vault, "en/cmd1.md", "# cmd1\n\nList the files of directory 1, sorted by date instead.\n")
+    write_note(mixed_vault, "zh/cmd1.md", "# cmd1\n\n列出第 1 个目录中的文件，按日期排序。\n")
+    report = engine.sync_all()
+
+    assert (len(use.texts) - before[0], len(minilm.texts) - before[1]) == (2, 1)  # the Chinese one: USE only
+    assert report.embedded_by_model == {USE: 2, MINILM: 1} and report.chunks_embedded == 2
+    assert engine.pending_vectors == 0
+
+
+def test_two_workers_store_the_same_rows_as_one(mixed_vault, tmp_path):
+    one = _engine(mixed_vault, tmp_path / "one", embed_workers=1)
+    two = _engine(mixed_vault, tmp_path / "two", embed_workers=2)
+    one.sync_all()
+    report = two.sync_all()
+
+    assert report.chunks_embedded == len({c.content for c in two.chunks.values()})
+    for c in one.chunks.values():
+        assert np.array_equal(one.store.vector(c.content), two.store.vector(c.content))
+        assert one.store.parts_of(c.content) == two.store.parts_of(c.content)
+
+
+def test_index_built_before_drops_the_english_models_chinese_vectors_without_embedding(mixed_vault, tmp_path, caplog):
+    """An index of whole rows (every model for every chunk, as before issue 34): the first sync of the new code keeps
+    the multilingual vectors, drops the English model's of mostly Chinese chunks, re-embeds nothing, and says so."""
+    data = tmp_path / "data"
+    old = _engine(mixed_vault, data)
+    old.sync_all(embed_limit=0)
+    texts = old._texts_for(old._state_contents())
+    with old._locked():
+        old.store.load(old.store.write_segment(dict(zip(texts, old.embedder.embed_documents(list(texts.values()))))))
+        old.state.meta.pop("vector_policy", None)
+        old._commit_state(old.store.segments)
+    new = _engine(mixed_vault, data)
+    use, minilm = new.embedder.parts
+
+    with caplog.at_level("INFO"):
+        report = new.sync_all()
+
+    chinese = _chinese(new)
+    assert not use.texts and not minilm.texts and report.chunks_embedded == 0
+    assert all(new.store.parts_of(c) == (0b01 if c in chinese else ALL_PARTS) for c in texts)
+    assert any(f"dropped its vectors of {len(chinese)} mostly Chinese chunks" in r for r in report.reasons)
+    assert _engine(mixed_vault, data).sync_all().reasons == []  # recorded in state.json: done once
+
+
+def test_english_models_search_list_leaves_out_chunks_without_its_vector(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    engine.sync_all()
+    from kb_vectors import embed_query_part
+
+    minilm_query = embed_query_part(engine.embedder, 1, "list files sorted by size")
+    use_query = embed_query_part(engine.embedder, 0, "list files sorted by size")
+    english = engine.view.nearest(minilm_query.vector, 100)
+    everything = engine.view.nearest(use_query.vector, 100)
+
+    assert {engine.chunks[cid].path for cid, _ in english} == {p for p in engine.files if p.startswith("en/")}
+    assert len(everything) == len(engine.chunks)
+
+
+def test_coverage_note_says_how_much_is_covered_until_every_chunk_has_its_vectors(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    engine.sync_all(embed_limit=0)
+    total = len({c.content for c in engine.chunks.values()})
+    english = total - len(_chinese(engine))
+
+    assert (
+        engine.coverage_note()
+        == f"semantic results cover 0 of {total} passages ({MINILM}: 0 of {english} English ones); the rest is being indexed"
+    )
+    engine.embed_pending()
+    assert engine.coverage_note() is None and engine.seconds_left() is None
+
+
+def test_coverage_note_gives_the_time_left_from_the_rates_measured():
+    coverage = [kb_embedrun.Coverage(USE, 7889, 7889), kb_embedrun.Coverage(MINILM, 1024, 3402, skipped=4487)]
+    meter = kb_embedrun.RunMeter()
+    meter.record(MINILM, 100, 10.0)  # 10 chunks/s on one worker: 2,378 left take ~4 min
+    note = kb_embedrun.coverage_note(coverage, meter.seconds_left({USE: 0, MINILM: 2378}), running=True)
+    assert (
+        note == f"semantic results cover all 7,889 passages ({MINILM}: 1,024 of 3,402 English ones); indexing, about 4 min left"
+    )
+    assert kb_embedrun.RunMeter().seconds_left({MINILM: 5}) is None  # no rate yet: no guess
+
+
+def test_embedding_run_pauses_while_a_search_runs(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data", embed_workers=2)
+    use, minilm = engine.embedder.parts
+    engine.sync_all(embed_limit=0)
+    with engine.search_gate.searching():
+        run = threading.Thread(target=engine.embed_pending)
+        run.start()
+        assert wait_until(lambda: engine.search_gate.pauses >= 1, WAIT_S)
+        assert not use.texts and not minilm.texts  # nothing embedded while the search runs
+    run.join(WAIT_S)
+    assert engine.pending_vectors == 0 and use.texts
+
+
+def test_progress_is_reported_per_model(mixed_vault, tmp_path):
+    engine = _engine(mixed_vault, tmp_path / "data")
+    seen: dict[str, tuple[int, int]] = {}
+    engine.sync_all(progress=lambda stage, done, total: seen.__setitem__(stage, (done, total)))
+    contents = len({c.content for c in engine.chunks.values()})
+    english = contents - len(_chinese(engine))
+    assert seen[f"embed:{USE}"] == (contents, contents) and seen[f"embed:{MINILM}"] == (english, english)
+
+
+def test_a_model_failing_in_one_worker_ends_the_run_with_the_reason(mixed_vault, tmp_path):
+    from kb_config import ModelUnavailableError
+
+    pair = _pair()
+
+    def broken(texts):
+        raise ModelUnavailableError("the English model is not installed")
+
+    pair.parts[1].embed_documents = broken
+    engine = _engine(mixed_vault, tmp_path / "data", pair, embed_workers=2)
+    engine.sync_all()
+    assert engine.model_error == "the English model is not installed"
+
+
+def test_search_replies_say_how_much_is_covered_during_a_first_index(mixed_vault, tmp_path):
+    """The server on an unindexed vault: while the first index runs, every semantic reply says how much its semantic
+    lists cover; index_status gives the numbers; once done, neither says more."""
+    pair = _pair()
+    use = pair.parts[0]
+    use.release.clear()  # the first model call waits: the first index stays at 0
+    kb = mcp_server.KnowledgeBase(make_config(mixed_vault, tmp_path / "data"), embedder=pair)
+    kb.start()
+    try:
+        assert use.waiting.wait(WAIT_S), "the background embedding did not start"
+        text, data = kb.search("list files sorted by size", mode="hybrid")
+        total = len({c.content for c in kb.live.engine.chunks.values()})
+        assert f"semantic results cover 0 of {total} passages" in text
+        assert any(n.startswith("semantic results cover 0 of") for n in data["notes"])
+        status = kb.status()[1]["semantic_coverage"]
+        assert status[USE] == {"embedded": 0, "of": total}
+        use.release.set()
+        assert kb.live.startup_done.wait(WAIT_S)
+        text, data = kb.search("list files sorted by size", mode="hybrid")
+        assert "semantic results cover" not in text
+        assert kb.status()[1]["semantic_coverage"][USE] == {"embedded": total, "of": total}
+    finally:
+        use.release.set()
+        kb.shutdown()
+
+
+def test_store_scores_a_query_only_on_rows_holding_its_model(tmp_path):
+    store = VectorStore(tmp_path)
+    dims = (2, 2)
+    half = 1 / np.sqrt(2)
+    store.load(store.write_part(0, dims, {"a": [half, 0.0], "b": [0.0, half]}))
+    store.load(store.write_part(1, dims, {"a": [half, 0.0]}))
+
+    english = [0.0, 0.0, 1.0, 0.0]
+    assert [k for k, _ in store.nearest(english, 5)] == ["a"]
+    assert set(store.cosines(english, ["a", "b"])) == {"a"}
+    assert store.missing(["a", "b"], 1) == ["b"] and store.missing(["a", "b"], 0) == []
+    assert store.parts_of("a") == ALL_PARTS and store.parts_of("b") == 0b01
+    reread = VectorStore(tmp_path)
+    reread.load(store.segments)
+    assert reread.partial and [k for k, _ in reread.nearest(english, 5)] == ["a"]
+    assert content_of("k-abc-1") == "abc"
