@@ -84,6 +84,7 @@ class Background:
         self._lock = threading.Lock()
         self._note_vectors: dict[str, tuple[tuple[str, ...], np.ndarray | None, bool]] = {}  # path -> (chunks, vector, cjk)
         self._notes: tuple[tuple[int, str], _NoteMatrix] | None = None  # (view version, model) -> matrix
+        self._incomplete: set[str] = set()  # notes whose vector lacks some chunk's: computed again as vectors come
         self._held: tuple[np.ndarray | None, dict[tuple[int, int], np.ndarray]] = (None, {})  # sample, slots -> rows
 
     def is_cjk(self, chunk_id: str) -> bool:
@@ -100,12 +101,13 @@ class Background:
 
     def vectors(self) -> Sample | None:
         """Ids and stored vectors of a fixed random sample of the vault's chunks (drawn again when the model changes or
-        the number of chunks moved by more than BACKGROUND_REFRESH_SHARE)."""
+        the number of chunks, or of stored rows, moved by more than BACKGROUND_REFRESH_SHARE: a sample drawn during a
+        first index, while most chunks lacked vectors, is drawn again as they arrive)."""
         view = self.view
-        key = (self.embedder.name, view.chunk_count())
+        key = (self.embedder.name, view.chunk_count(), view.vector_rows())
         cached = self._sample
         if cached is not None and cached[0][0] == key[0]:
-            if abs(key[1] - cached[0][1]) <= BACKGROUND_REFRESH_SHARE * cached[0][1]:
+            if all(abs(new - old) <= BACKGROUND_REFRESH_SHARE * old for new, old in zip(key[1:], cached[0][1:])):
                 return cached[1]
         ids = view.chunk_ids()
         with self._lock:
@@ -240,6 +242,10 @@ class Background:
                 got = [v for c in records[p] if c in stored and (v := stored[c][slots]).any()]  # rows holding the model
                 rows.extend(got)
                 counts.append(len(got))
+                if len(got) < len(records[p]):  # some chunk lacks the model's vector yet (a first index under way)
+                    self._incomplete.add(p)
+                else:
+                    self._incomplete.discard(p)
             if not rows:
                 continue
             held = [i for i, n in enumerate(counts) if n]
@@ -264,7 +270,11 @@ class Background:
         records = view.notes_with_chunks()
         slots, _ = model_slots(self.embedder, model)
         cache = self._note_vectors
-        todo = [p for p, chunks in records.items() if p not in cache or cache[p][0] != chunks or cache[p][1] is None]
+        todo = [
+            p
+            for p, chunks in records.items()
+            if p not in cache or cache[p][0] != chunks or cache[p][1] is None or p in self._incomplete
+        ]
         if todo:
             means = self._note_means(todo, records, slots)
             for p in todo:

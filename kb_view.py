@@ -374,6 +374,10 @@ class IndexView:
         """The stored vector of each chunk of `ids` that is in the view and has one, as the store holds it."""
         return {cid: v for cid, content in self._contents(ids).items() if (v := self.store.vector(content)) is not None}
 
+    def vector_rows(self) -> int:
+        """Rows in the vector store (a row gaining a model is written again: this grows while a first index runs)."""
+        return len(self.store)
+
     def vectors_version(self) -> tuple[int, tuple[str, ...]]:
         """Changes when a note or a vector did (the view's version, the store's segments): keys caches of vectors."""
         return self.version, self.store.segments

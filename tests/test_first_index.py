@@ -284,3 +284,22 @@ def test_store_scores_a_query_only_on_rows_holding_its_model(tmp_path):
     reread.load(store.segments)
     assert reread.partial and [k for k, _ in reread.nearest(english, 5)] == ["a"]
     assert content_of("k-abc-1") == "abc"
+
+
+def test_relevance_background_and_note_vectors_are_drawn_again_as_a_first_index_fills_in(mixed_vault, tmp_path):
+    """A server warms its searcher up before its first index: the gate's background sample and the translation step's
+    note vectors taken then (few or no vectors) must not stay once the vectors have come."""
+    from kb_search import Searcher
+
+    engine = _engine(mixed_vault, tmp_path / "data")
+    engine.sync_all(embed_limit=0)
+    searcher = Searcher(engine)
+    searcher.warm_up()
+    assert searcher._background.vectors() is None  # nothing embedded yet
+    assert searcher._background.notes_for(USE) == 0
+
+    engine.embed_pending()
+
+    ids, matrix, _ = searcher._background.vectors()
+    assert len(ids) == len(engine.chunks)
+    assert searcher._background.notes_for(USE) == len(engine.files)
