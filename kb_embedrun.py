@@ -9,8 +9,10 @@ The engine (kb_engine) owns the index and calls these (threadpoolctl is imported
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,11 +24,16 @@ from kb_vectors import Embedder, embedder_parts, is_english_only
 
 logger = logging.getLogger(__name__)
 
-# A chunk at least this CJK is mostly Chinese: an English-only model beside a multilingual one does not embed it. The
-# search's own test for a Chinese query (kb_search.Tuning.cjk_share), which then gives that model only the query's
-# Latin words; chunks of the three dev sets split at the same place for any threshold from 0.2 to 0.5
-# (docs/performance.md, issue 34).
+# An English-only model beside a multilingual one leaves a chunk to the multilingual one when the chunk is mostly
+# Chinese (at least this CJK: the search's own test for a Chinese query, kb_search.Tuning.cjk_share, which then gives
+# that model only the query's Latin words)...
 CHINESE_TEXT_SHARE = 0.3
+# ...and holds fewer Latin words than this (names, commands, code identifiers: what that model can read of it). The
+# dev sets' rankings, measured per threshold, are in docs/performance.md (issue 34): skipping every mostly Chinese
+# chunk lost 0.07 NDCG@5 on the sample vault, whose English questions find Chinese notes by their English terms.
+MIN_LATIN_WORDS = 10
+# Latin words as the search takes them from a Chinese query for an English-only model (kb_search._LATIN_WORD_RE).
+_LATIN_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 # Texts per model call inside one task: between calls the run pauses for searches (a call takes ~0.1 s for USE,
 # ~0.5 s for MiniLM on one core). Both models pack a call's tokens without padding, so small calls cost nothing.
 EMBED_SLICE_TEXTS = 16
@@ -82,12 +89,16 @@ def task_order(plans: Sequence[ModelPlan], worker: int) -> list[ModelPlan]:
 
 def policy_signature(plans: Sequence[ModelPlan]) -> str:
     """What decides which chunks each model embeds; state.json keeps the one its vectors follow."""
-    return ";".join(f"{p.name}:{f'cjk<{CHINESE_TEXT_SHARE}' if p.skips_chinese else 'all'}" for p in plans)
+    rule = f"skip-if-cjk>={CHINESE_TEXT_SHARE}-and-latin<{MIN_LATIN_WORDS}"
+    return ";".join(f"{p.name}:{rule if p.skips_chinese else 'all'}" for p in plans)
 
 
-def is_chinese_text(text: str) -> bool:
-    """Whether an English-only model beside a multilingual one leaves this chunk text to the multilingual one."""
-    return cjk_share(text) >= CHINESE_TEXT_SHARE
+def embeds(plan: ModelPlan, text: str) -> bool:
+    """Whether model `plan` embeds a chunk of this text: every model does, but an English-only model beside a
+    multilingual one skips a mostly Chinese chunk with fewer than MIN_LATIN_WORDS Latin words."""
+    if not plan.skips_chinese or cjk_share(text) < CHINESE_TEXT_SHARE:
+        return True
+    return sum(1 for _ in itertools.islice(_LATIN_WORD_RE.finditer(text), MIN_LATIN_WORDS)) >= MIN_LATIN_WORDS
 
 
 class SearchGate:
@@ -162,7 +173,7 @@ class Coverage:
 def coverage_note(coverage: Sequence[Coverage], seconds_left: float | None, running: bool) -> str | None:
     """What a search reply says while chunks lack vectors (None once every model covers its chunks).
 
-    Example: "semantic results cover 1,024 of 7,889 passages (all-MiniLM-L6-v2: 0 of 3,402 English ones);
+    Example: "semantic results cover 1,024 of 7,889 passages (all-MiniLM-L6-v2: 0 of the 3,402 it embeds);
     indexing, about 6 min left"
     """
     if not coverage or all(c.embedded >= c.total for c in coverage):
@@ -173,9 +184,7 @@ def coverage_note(coverage: Sequence[Coverage], seconds_left: float | None, runn
         if first.embedded >= first.total
         else f"semantic results cover {first.embedded:,} of {first.total:,} passages"
     )
-    others = [
-        f"{c.model}: {c.embedded:,} of {c.total:,}{' English' if c.skipped else ''} ones" for c in rest if c.embedded < c.total
-    ]
+    others = [f"{c.model}: {c.embedded:,} of the {c.total:,} it embeds" for c in rest if c.embedded < c.total]
     text = head + (f" ({'; '.join(others)})" if others else "")
     if not running:
         return text + "; the rest is being indexed"

@@ -32,13 +32,14 @@ from kb_chunk import CHUNKER_VERSION, chunk_context, chunk_note, heading_levels
 from kb_config import Config, KBError, LockTimeoutError, ModelUnavailableError, VectorStoreUnavailableError
 from kb_embedrun import (
     CHINESE_TEXT_SHARE,
+    MIN_LATIN_WORDS,
     Coverage,
     ModelPlan,
     RunMeter,
     SearchGate,
     coverage_note,
     embed_sliced,
-    is_chinese_text,
+    embeds,
     plan_models,
     policy_signature,
     run_workers,
@@ -196,7 +197,7 @@ class Engine:
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
         self._pending_parts: dict[int, tuple[Any, list[str], int]] = {}  # model -> (key, its pending, skipped count)
         self._contents: tuple[int, list[str]] = (-1, [])  # (state version, every content state.json references)
-        self._chinese: dict[str, bool] = {}  # content -> mostly Chinese (content-addressed: never stale)
+        self._skipped: dict[str, bool] = {}  # content -> an English-only model leaves it (content-addressed)
         self._segments_swept = False
         self._scan_skipped: dict[str, str] = {}
         self._logseq_graph = is_logseq_graph(cfg.kb_dir)  # outline notes chunk at blocks
@@ -725,16 +726,16 @@ class Engine:
         return cached[1]
 
     def _leaves(self, plan: ModelPlan, content: str) -> bool:
-        """Whether model `plan` leaves this content to another model (mostly Chinese); False while its text is not
-        in this view (its chunk is then embedded once the view has it)."""
+        """Whether model `plan` leaves this content to another model (kb_embedrun.embeds); False while its text is
+        not in this view (its chunk is then embedded once the view has it)."""
         if not plan.skips_chinese:
             return False
-        known = self._chinese.get(content)
+        known = self._skipped.get(content)
         if known is None:
             text = self._texts_for([content]).get(content)
             if text is None:
                 return False
-            known = self._chinese[content] = is_chinese_text(text)
+            known = self._skipped[content] = not embeds(plan, text)
         return known
 
     def coverage(self) -> list[Coverage]:
@@ -799,9 +800,9 @@ class Engine:
                     segments = self.store.without_part(plan.index, dims, chinese)
                     self.store.load(segments)  # the next model's rows build on these
                     report.reasons.append(
-                        f"{plan.name} now embeds only chunks less than {CHINESE_TEXT_SHARE:.0%} Chinese (the other "
-                        f"model covers the rest): dropped its vectors of {len(chinese)} mostly Chinese chunks; "
-                        "nothing was re-embedded"
+                        f"{plan.name} no longer embeds chunks at least {CHINESE_TEXT_SHARE:.0%} Chinese with fewer "
+                        f"than {MIN_LATIN_WORDS} Latin words (the multilingual model covers them): dropped its vectors "
+                        f"of {len(chinese)} such chunks; nothing was re-embedded"
                     )
             self.state.meta[VECTOR_POLICY_KEY] = signature
             if segments is not None:
@@ -871,7 +872,7 @@ class Engine:
                     texts = self._texts_for([c for c in self._pending_for(plan) if (plan.index, c) not in taken], EMBED_BATCH)
                     if texts:
                         taken.update((plan.index, c) for c in texts)
-                        return plan, texts
+                        return plan, {c: t for c, t in texts.items() if not self._leaves(plan, c)}
             return None
 
         def work(worker: int) -> None:
