@@ -15,9 +15,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kb_config import KBError, LockTimeoutError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
-from kb_engine import Engine, ProgressFn
-from kb_vectors import config_embedder
+from kb_config import (
+    KBError,
+    LockTimeoutError,
+    ModelUnavailableError,
+    add_common_args,
+    load_cli_config,
+    pin_blas_threads,
+    setup_logging,
+)
+
+pin_blas_threads()  # before kb_engine imports numpy: the embedding workers are the parallelism
+from kb_engine import Engine, ProgressFn  # noqa: E402
+from kb_vectors import config_embedder  # noqa: E402
 
 # Threads that embed side by side here (a foreground job: every core), each running one model call on one BLAS thread
 # (kb_embedrun): a second BLAS thread for USE went 94 -> 37 texts/s with a core busy, where workers degrade

@@ -476,3 +476,15 @@ def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "INFO") 
     root.setLevel(level)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+# BLAS threads of a process that embeds on several threads of its own, set before numpy loads: OpenBLAS's pool of idle
+# threads (2 here, whatever threadpoolctl allows later) kept a core busy beside one embedding thread and made two
+# run slower than one (docs/performance.md, issue 34). A user's own setting wins.
+BLAS_THREADS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def pin_blas_threads() -> None:
+    """One BLAS thread per thread in this process (entry points call this before anything imports numpy)."""
+    for key, value in BLAS_THREADS_ENV.items():
+        os.environ.setdefault(key, value)

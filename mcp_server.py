@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from kb_config import SEARCH_MODES, Config, KBError, add_common_args, load_cli_config, setup_logging
+from kb_config import SEARCH_MODES, Config, KBError, add_common_args, load_cli_config, pin_blas_threads, setup_logging
 from kb_live import load_model, use_one_malloc_arena
 from kb_tools import KnowledgeBase, fit, format_search, quote
 
@@ -343,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+    pin_blas_threads()  # numpy loads later, in the start-up thread
     try:
         cfg = load_cli_config(args)
     except KBError as e:

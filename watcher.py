@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from kb_config import KBError, ModelUnavailableError, add_common_args, load_cli_config, setup_logging
+from kb_config import KBError, ModelUnavailableError, add_common_args, load_cli_config, pin_blas_threads, setup_logging
 from kb_watch import DEFAULT_POLL_INTERVAL_S, ChangeCollector, Changes, paths_to_check, start_observer, stop_observer
 
 logger = logging.getLogger("watcher")
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    pin_blas_threads()  # before kb_engine imports numpy
     try:
         cfg = load_cli_config(args)
         from kb_engine import Engine

@@ -27,7 +27,9 @@ T_START = time.perf_counter()
 
 from harness import percentile  # noqa: E402
 
-from kb_config import KBError, load_config, setup_logging  # noqa: E402
+from kb_config import KBError, load_config, pin_blas_threads, setup_logging  # noqa: E402
+
+pin_blas_threads()  # as ingest.py: before numpy loads, so the index is built as the ingest CLI builds it
 
 MODES = ("hybrid", "keyword", "semantic", "grep", "bm25")
 # Ranks scored: NDCG and recall at 5, MRR at 10 (file level).
