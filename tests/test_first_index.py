@@ -7,7 +7,10 @@ English-only one is recognised by name) that record what they embed.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -313,3 +316,17 @@ def test_relevance_background_and_note_vectors_are_drawn_again_as_a_first_index_
     ids, matrix, _ = searcher._background.vectors()
     assert len(ids) == len(engine.chunks)
     assert searcher._background.notes_for(USE) == len(engine.files)
+
+
+def test_ingest_runs_blas_on_one_thread_so_its_embedding_workers_do_not_fight_its_pool():
+    """OpenBLAS's own idle threads spun beside the embedding workers (CPU time doubled; two workers ran slower than
+    one): the ingest CLI pins BLAS to one thread before numpy loads, unless the user set it."""
+    code = "import ingest, threadpoolctl; print([i['num_threads'] for i in threadpoolctl.threadpool_info()])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    repo = Path(__file__).resolve().parent.parent
+    pinned = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == "[1]"
+    own = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, env=env | {"OPENBLAS_NUM_THREADS": "2"}, capture_output=True, text=True
+    )
+    assert own.stdout.strip() == "[2]"  # a user's own setting wins
