@@ -740,8 +740,8 @@ class Engine:
 
     def coverage(self) -> list[Coverage]:
         """For each model, in the order a first index embeds them, how many of the chunks it embeds have its vector
-        (empty when the model failed or the vectors are not loaded yet)."""
-        if self.model_error is not None or self._vectors_deferred:
+        (empty when the model failed, the vectors are not loaded yet, or the notes read are not committed yet)."""
+        if self.model_error is not None or self._vectors_deferred or (not self.state.files and self.view.chunk_count()):
             return []
         try:
             total = len(self._state_contents())

@@ -45,8 +45,12 @@ async def _call(session: Any, tool: str, args: dict[str, Any]) -> tuple[str, dic
     return result.content[0].text, result.structured_content or {}
 
 
-def _covered(coverage: dict[str, Any] | None) -> list[bool]:
-    return [m["embedded"] >= m["of"] for m in (coverage or {}).values()]
+def _covered(status: dict[str, Any]) -> list[bool]:
+    """Per model, whether its vectors cover every chunk it embeds (none: the notes are not committed yet)."""
+    coverage = status.get("semantic_coverage") or {}
+    if not status.get("chunks") or not coverage or status.get("chunks_without_vector"):
+        return [m["embedded"] >= m["of"] > 0 for m in coverage.values()][:1] + [False] * max(0, len(coverage) - 1)
+    return [m["embedded"] >= m["of"] for m in coverage.values()]
 
 
 async def run(config: Path, errlog: Any, interval_s: float, timeout_s: float, pidfile: Path) -> dict[str, Any]:
@@ -63,7 +67,7 @@ async def run(config: Path, errlog: Any, interval_s: float, timeout_s: float, pi
             search_s = time.perf_counter() - q0
             _, status = await _call(session, "index_status", {})
             at = time.perf_counter() - t0
-            covered = _covered(status.get("semantic_coverage"))
+            covered = _covered(status) if data.get("mode") != "keyword" else []
             rounds.append(
                 {
                     "at_s": round(at, 1),
