@@ -54,7 +54,11 @@ ENV_CONFIG = "KB_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SEARCH_MODES = ("hybrid", "keyword", "semantic")
 # Keys earlier versions wrote into config.yaml: accepted with a warning, so an old config still loads.
-RETIRED_KEYS = {"search.min_cosine": "the relevance gate calibrates itself per vault and model; see search.gate_margin"}
+RETIRED_KEYS = {
+    "search.min_cosine": "the relevance gate calibrates itself per vault and model; see search.gate_margin",
+    "search.semantic_weight": "reciprocal rank fusion depends only on the ratio of the weights; set search.keyword_weight "
+    "(the keyword lists' weight against the models' lists)",
+}
 VECTOR_STORE_MODES = ("local", "http")
 
 
@@ -146,14 +150,13 @@ FIELDS: tuple[_Field, ...] = (
     _Field("embedding.batch_size", "embed_batch_size", int, 32, "KB_EMBED_BATCH_SIZE", _range(1, 4096)),
     _Field("bm25.index_file", "bm25_index_file", str, "", "KB_BM25_INDEX_FILE"),
     _Field("bm25.metadata_weight", "metadata_weight", int, 1, None, _range(0, 10)),
-    _Field("search.top_k", "top_k", int, 5, "KB_TOP_K", _range(1, 50)),
+    _Field("search.top_k", "top_k", int, 4, "KB_TOP_K", _range(1, 50)),
     _Field("search.mode", "search_mode", str, "hybrid", "KB_SEARCH_MODE", _one_of(SEARCH_MODES)),
     _Field("search.candidates", "candidates", int, 40, None, _range(1, 1000)),
     _Field("search.rrf_k", "rrf_k", int, 10, None, _range(1, 1000)),
     _Field("search.keyword_weight", "keyword_weight", float, 1.0, None, _range(0.0, 10.0)),
-    _Field("search.semantic_weight", "semantic_weight", float, 1.0, None, _range(0.0, 10.0)),
     _Field("search.gate_margin", "gate_margin", float, 0.9, "KB_GATE_MARGIN", _range(0.0, 5.0)),
-    _Field("search.snippet_chars", "snippet_chars", int, 360, None, _range(40, 5000)),
+    _Field("search.snippet_chars", "snippet_chars", int, 240, None, _range(40, 5000)),
     _Field("search.max_response_chars", "max_response_chars", int, 12_000, None, _range(1000, 200_000)),
     _Field("rerank.model", "rerank_model", str, "", "KB_RERANK_MODEL"),
     _Field("rerank.candidates", "rerank_candidates", int, 20, None, _range(1, 200)),
@@ -195,14 +198,13 @@ class Config:
     embed_device: str = "auto"
     embed_batch_size: int = 32
     metadata_weight: int = 1
-    top_k: int = 5
+    top_k: int = 4
     search_mode: str = "hybrid"
     candidates: int = 40
     rrf_k: int = 10
     keyword_weight: float = 1.0
-    semantic_weight: float = 1.0
     gate_margin: float = 0.9
-    snippet_chars: int = 360
+    snippet_chars: int = 240
     max_response_chars: int = 12_000
     rerank_model: str = ""
     rerank_candidates: int = 20

@@ -72,7 +72,7 @@ def build_server(kb: KnowledgeBase) -> Any:
     from pydantic import Field
 
     from kb_scan import MAX_MODIFIED_WITHIN_DAYS
-    from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES
+    from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES, TAIL_NOTES
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[dict]:
@@ -137,7 +137,14 @@ def build_server(kb: KnowledgeBase) -> Any:
                 max_length=MAX_ALTERNATIVES,
             ),
         ] = None,
-        top_k: Annotated[int | None, Field(description="Hits to return (default from config, usually 5)", ge=1, le=50)] = None,
+        top_k: Annotated[
+            int | None,
+            Field(
+                description=f"Notes shown with a snippet (default from config, usually 4); {TAIL_NOTES} more follow, one line each",
+                ge=1,
+                le=50,
+            ),
+        ] = None,
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'projects/'")] = None,
         mode: Annotated[
             str | None,
@@ -152,12 +159,15 @@ def build_server(kb: KnowledgeBase) -> Any:
         date_to: Annotated[str | None, date_to_field] = None,
     ) -> CallToolResult:
         """Search the user's personal notes (Markdown vault; index_status says its languages and folders). Call it
-        before answering anything about the user's own projects, decisions, people, plans, configs or past work, and
-        cite hits as path:lines. Pass `alternatives` (the question in the other language, keywords, the likely name):
-        they find notes the question's own words miss. Returns note path, heading, line range, a short snippet,
-        scores and which strings found each hit; a note's translation is marked "translation of [n]". Says "Nothing
-        relevant" when the notes do not cover the question, with the nearest passages marked low confidence. Use
-        read_note to open a hit in full."""
+        before answering anything about the user's own projects, decisions, people, plans, configs or past work. Pass
+        `alternatives` (the question in the other language, keywords, the likely name): they find notes the question's
+        own words miss.
+        Returns one entry per note, best first: `path:lines` of its matching passages, heading, "its translation"
+        (the same text in the other language), which strings found it, a snippet; then more candidate notes, one
+        line each. The order is the server's guess: read the whole list, judge yourself which notes answer (a
+        candidate's path or heading may be the answer), open promising ones with read_note, and cite path:lines. A
+        reply starting "Low confidence" matched nothing clearly: use a note only if it plainly answers, else tell the
+        user the notes do not cover it."""
         return run(kb.search, query, alternatives, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 
     @tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False))

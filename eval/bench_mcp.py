@@ -43,6 +43,8 @@ from kb_vectors import HASH_MODEL_NAME
 DEFAULT_STARTS = 3
 # Searches timed in the warm session.
 SEARCHES = 30
+# Alternatives passed with each query of the alternatives timing (the most a client may pass).
+ALTERNATIVES = 4
 # The first question after launch: a word most vaults (and the synthetic one) contain.
 FIRST_QUERY = "backup"
 # Longest wait for one reply, and for the model to load (semantic results joining) after a launch.
@@ -85,8 +87,10 @@ def run_ingest(config: Path, log: Path) -> None:
         raise KBError(f"ingest.py failed (code {proc.returncode}) on the vault copy; see {log}")
 
 
-async def search(session: Any, query: str, mode: str | None = None) -> dict[str, Any]:
+async def search(session: Any, query: str, mode: str | None = None, alternatives: list[str] | None = None) -> dict[str, Any]:
     args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
+    if alternatives:
+        args["alternatives"] = alternatives
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool("search_my_knowledge_base", args)
     if result.is_error:
@@ -195,17 +199,21 @@ async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: 
         await wait_semantic(session, mode)
         for q in QUERIES[:3]:
             await search(session, q, mode)  # warm-up: jieba and the model's first calls
-        times = []
-        for q in (QUERIES * 2)[:SEARCHES]:
+        times, alt_times = [], []
+        for i, q in enumerate((QUERIES * 2)[:SEARCHES]):
             t = time.perf_counter()
             await search(session, q, mode)
             times.append(time.perf_counter() - t)
+            # the same query with 4 alternatives, as a client passes them (the next queries: both languages, any length)
+            t = time.perf_counter()
+            await search(session, q, mode, [QUERIES[(i + k) % len(QUERIES)] for k in range(1, ALTERNATIVES + 1)])
+            alt_times.append(time.perf_counter() - t)
         resident = resident_memory_mb(server.pid) if server.pid is not None else (None, None)
         edits = await bench_edits(session, vault, mode, tag)
         with anyio.fail_after(CALL_TIMEOUT_S):
             status = (await session.call_tool("index_status", {})).structured_content or {}
         memory = peak_memory_mb(server.pid) if server.pid is not None else (None, "")
-    return {"times": times, "edits": edits, "status": status, "memory": memory, "resident": resident}
+    return {"times": times, "alt_times": alt_times, "edits": edits, "status": status, "memory": memory, "resident": resident}
 
 
 def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
@@ -264,6 +272,9 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
                 )
             add("search_p50_ms", median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
             add("search_p95_ms", percentile(se["times"], 0.95) * 1000, "ms")
+            alt_p50 = median(se["alt_times"])
+            add("search_alt4_p50_ms", alt_p50 * 1000, "ms", f"the same queries with {ALTERNATIVES} alternatives each")
+            add("search_alt4_ratio", round(alt_p50 / median(se["times"]), 2), "x", "alternatives p50 / plain p50")
             add("server_peak_rss_mb", se["memory"][0], "MB", se["memory"][1] + ", after the searches and edits")
             add("server_rss_mb", se["resident"][0], "MB", "VmRSS after the searches (model loaded, index open)")
             add("server_private_mb", se["resident"][1], "MB", "RssAnon then: the part no other process shares")
