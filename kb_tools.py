@@ -476,7 +476,7 @@ def _label(h: Any) -> str:
 
 
 def _also(h: Any) -> str:
-    """" · its translation: <path>:lines" (the same text in the other language), or nothing."""
+    """The entry's " · its translation: <path>:lines" (the same text in the other language), or nothing."""
     if not h.translation:
         return ""
     return f" · its translation: {h.translation}" + (f":{_lines(h.translation_ranges)}" if h.translation_ranges else "")
