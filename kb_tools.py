@@ -418,10 +418,13 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         structured["alternatives"] = result.alternatives
     room = Budget(budget, " " * HEAD_ROOM, result.query, alternatives, *notes)
     body: list[str] = []
-    for i, h in enumerate(result.hits, 1):
+    n = 0  # the number of the last path listed (a translation has its own, right after its note's)
+    for h in result.hits:
         by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
-        if not room.take(block := f"\n[{i}] {_where(h)}{_label(h)}{_also(h)}{by}\n{h.snippet}"):
+        block = f"\n[{n + 1}] {_where(h)}{_label(h)}{by}\n{h.snippet}{_also(h, n + 1, True)}"
+        if not room.take(block):
             break
+        n += 2 if h.translation else 1
         body.append(block)
         structured["hits"].append(h.as_dict())
     # The tail: one line per further note, while the listing (less which strings found each entry) stays within
@@ -430,23 +433,27 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         labels = sum(len(", ".join(h.found_by)) + len(" · found by ") for h in result.hits if h.found_by)
         used = sum(len(b) + 1 for b in body) - labels + len(TAIL_HEAD) + 1  # the client's strings' labels aside
         lines = []
-        for i, h in enumerate(result.more, len(result.hits) + 1):
-            line = f"[{i}] {_where(h)}{_label(h)}{_also(h)}"
+        for h in result.more:
+            line = f"[{n + 1}] {_where(h)}{_label(h)}{_also(h, n + 1, False)}"
             if used + len(line) + 1 > LISTING_CHARS or not room.take(line):
                 break
+            n += 2 if h.translation else 1
             used += len(line) + 1
             lines.append(line)
             structured["more"].append(h.as_dict())
         if lines:
             body += [TAIL_HEAD, *lines]
-    shown = len(structured["hits"]) + len(structured["more"])
     if result.abstained:
         head = (
             f'Low confidence for "{result.query}" ({result.mode}): no passage passed the relevance check, so the notes '
-            "may not cover this. Use a note below only if it plainly answers; else say the notes do not cover it."
+            "may not cover this. Use a note below (or its translation) only if it plainly answers; else say the notes do "
+            "not cover it."
         )
     else:
-        head = f'{shown} notes for "{result.query}" ({result.mode}), best first: judge which answer; cite path:lines.'
+        head = (
+            f'{n} notes for "{result.query}" ({result.mode}), best first; a translation answers as its note does. '
+            "Judge which answer; cite path:lines."
+        )
     if len(structured["hits"]) < len(result.hits):
         structured["truncated"] = True
         body.append(
@@ -475,8 +482,11 @@ def _label(h: Any) -> str:
     return f" · {label[:TITLE_CHARS]}" if label else ""
 
 
-def _also(h: Any) -> str:
-    """The entry's " · its translation: <path>:lines" (the same text in the other language), or nothing."""
+def _also(h: Any, number: int, lines: bool) -> str:
+    """The entry's translation (the same text in the other language) on a line of its own after the entry, numbered
+    as a path the client can pick like any other, but without a snippet of its own: on the entry's line, or under
+    its number, a client picked the entry's path only (the gold holds both); its lines in an entry with a snippet."""
     if not h.translation:
         return ""
-    return f" · its translation: {h.translation}" + (f":{_lines(h.translation_ranges)}" if h.translation_ranges else "")
+    where = f":{_lines(h.translation_ranges)}" if lines and h.translation_ranges else ""
+    return f"\n[{number + 1}] {h.translation}{where} · translation of [{number}]"

@@ -427,7 +427,7 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     if follows:
         assert "zh/rollback.md" not in [h.path for h in [*result.hits, *result.more]]
     text, structured = format_search(result, [], 20_000)
-    assert ("[1] en/rollback.md:1-3 · Roll back a release · its translation: zh/rollback.md:1-3" in text) is follows, text
+    assert ("[1] en/rollback.md:1-3 · Roll back a release\n" in text) and ("\n[2] zh/rollback.md:1-3 · translation of [1]\n" in text) is follows, text
     assert structured["hits"][0]["translation"] == ("zh/rollback.md" if follows else None)
     # In the query's language first: a Chinese question's entry is the Chinese note, the English one folded in.
     if follows:
@@ -713,8 +713,9 @@ def test_format_search_lists_further_notes_one_line_each_within_todays_length():
     text, structured = format_search(result, [], 20_000)
     listing = text.split("\n", 1)[1]
     assert len(listing) <= kb_tools.LISTING_CHARS and 4 < len(structured["hits"]) + len(structured["more"]) < 34
-    assert text.startswith(f'{len(structured["hits"]) + len(structured["more"])} notes for "q"')
-    assert "\n[5] notes/candidate0.md:5-14, 40-44 · its translation: zh/c0.md\n" in text  # path:lines, no snippet
+    listed = len(structured["hits"]) + 2 * len(structured["more"])  # each candidate with its translation
+    assert text.startswith(f'{listed} notes for "q"')
+    assert "\n[5] notes/candidate0.md:5-14, 40-44\n[6] zh/c0.md · translation of [5]\n" in text  # path:lines, no snippet
     assert [h["path"] for h in structured["more"]] == [h.path for h in more[: len(structured["more"])]]
 
 
