@@ -427,7 +427,9 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     if follows:
         assert "zh/rollback.md" not in [h.path for h in [*result.hits, *result.more]]
     text, structured = format_search(result, [], 20_000)
-    assert ("[1] en/rollback.md:1-3 · Roll back a release\n" in text) and ("\n[2] zh/rollback.md:1-3 · translation of [1]\n" in text) is follows, text
+    assert ("[1] en/rollback.md:1-3 · Roll back a release\n" in text) and (
+        "\n[2] zh/rollback.md:1-3 · translation of [1]\n" in text
+    ) is follows, text
     assert structured["hits"][0]["translation"] == ("zh/rollback.md" if follows else None)
     # In the query's language first: a Chinese question's entry is the Chinese note, the English one folded in.
     if follows:
