@@ -261,8 +261,12 @@ def attach(paths: SharedPaths, key: str, server_argv: list[str], timeout_s: floa
             pass  # no server, or a socket file a crash or reboot left behind
         except OSError as e:
             logger.info("the shared server at %s did not answer (%s); starting a new one", paths.socket, e)
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(paths.socket)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise SharedUnavailable(f"cannot remove the stale socket {paths.socket} ({e.strerror or e})") from e
         proc = spawn_server(server_argv, paths.log)
         while True:
             try:
@@ -359,6 +363,16 @@ def _wait_gone(pid: int | None, wait_s: float) -> bool:
 # ---- the pump --------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Call:
+    """A client request the relay has passed on and not seen answered."""
+
+    id: Any
+    method: str
+    tool: str | None
+    sending: bool = True  # until its line is wholly written to the upstream
+
+
 def _id_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
@@ -391,7 +405,7 @@ class Relay:
         self._on_client_gone = on_client_gone or (lambda: os._exit(0))
         self._lock = threading.Lock()  # upstream and inflight
         self._out_lock = threading.Lock()  # one writer of stdout at a time
-        self._inflight: dict[str, tuple[Any, str, str | None]] = {}  # id -> (id, method, tool name)
+        self._inflight: dict[str, _Call] = {}  # by id
         self._replays: dict[str, threading.Event] = {}
         self._init_line: bytes | None = None
         self._initialized_line: bytes | None = None
@@ -427,6 +441,7 @@ class Relay:
             msg = json.loads(line)
         except ValueError:
             msg = None  # forwarded as it is: the server answers a parse error
+        rid, entry = None, None
         if isinstance(msg, dict) and isinstance(msg.get("method"), str):
             method = msg["method"]
             if method == "initialize":
@@ -438,17 +453,32 @@ class Relay:
                     self._inflight.pop(_id_key((msg.get("params") or {}).get("requestId")), None)
             if "id" in msg:
                 tool = (msg.get("params") or {}).get("name") if method == "tools/call" else None
+                rid = _id_key(msg["id"])
+                entry = _Call(msg["id"], method, tool)
                 with self._lock:
-                    self._inflight[_id_key(msg["id"])] = (msg["id"], method, tool)
-        up = self.upstream
-        if up is None:
-            up = self._attach_again()
+                    self._inflight[rid] = entry
+        for attempt in range(2):
+            up = self.upstream or self._attach_again()
             if up is None:
+                self._fail_one(rid)  # no server to be had (a no-op if _attach_again answered it already)
                 return
-        try:
-            up.send(line)
-        except OSError as e:
-            self._lost(up, e)
+            try:
+                up.send(line)
+            except OSError as e:
+                # Invariant: a send that failed never delivered the line's closing newline, and a server acts on
+                # whole lines only, so this (and only this) may go once more to a new upstream.
+                self._lost(up, e)
+                if attempt == 0:
+                    continue
+                self._fail_one(rid)
+                return
+            with self._lock:
+                if entry is not None:
+                    entry.sending = False
+                lost_meanwhile = self.upstream is not up
+            if lost_meanwhile:
+                self._fail_one(rid)  # delivered, and the server went away: in flight at the kill (a no-op if answered)
+            return
 
     def _attach_again(self) -> Upstream | None:
         """A new upstream with the session's handshake replayed; None (requests in flight failed) if none."""
@@ -512,12 +542,23 @@ class Relay:
         self._fail_inflight()
 
     def _fail_inflight(self, message: str | None = None) -> None:
+        """Answer every request in flight with an error, except those still being sent (their sender decides)."""
         with self._lock:
-            lost, self._inflight = list(self._inflight.values()), {}
-        for request_id, method, tool in lost:
-            text = message or (LOST_APPEND if tool == APPEND_TOOL else LOST_CALL)
-            logger.warning("answering %s (id %s) with an error: its server went away", tool or method, request_id)
-            self._to_client(_error(request_id, text))
+            lost = [c for c in self._inflight.values() if not c.sending or message]
+            self._inflight = {k: c for k, c in self._inflight.items() if c.sending and not message}
+        for call in lost:
+            self._answer_lost(call, message)
+
+    def _fail_one(self, rid: str | None) -> None:
+        with self._lock:
+            call = self._inflight.pop(rid, None) if rid is not None else None
+        if call is not None:
+            self._answer_lost(call)
+
+    def _answer_lost(self, call: _Call, message: str | None = None) -> None:
+        text = message or (LOST_APPEND if call.tool == APPEND_TOOL else LOST_CALL)
+        logger.warning("answering %s (id %s) with an error: its server went away", call.tool or call.method, call.id)
+        self._to_client(_error(call.id, text))
 
     def _to_client(self, line: bytes) -> None:
         try:
