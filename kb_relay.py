@@ -3,14 +3,15 @@ user, vault, resolved config and code version, starting it detached if none runs
 newline-delimited JSON-RPC both ways over a Unix socket. Also what the shared server reuses: the private runtime
 folder, the identity key, the socket's paths and hello, the peer check.
 
-Standard library only at import (a session's start must not pay for the SDK, numpy or jieba).
-Imports: kb_config.
+Once attached, mcp_server replaces its process with this file run as a script on a bare interpreter (`exec_pump`):
+the pump that stays up for the session then holds ~12 MB instead of the ~22 MB the config and YAML took.
+Standard library only, and nothing from the project (the pump imports nothing it does not use).
+Imports: nothing from the project.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -20,14 +21,14 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING
 
-from kb_config import APP_DIR, Config, KBError
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any, BinaryIO, NoReturn
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kb_relay")  # not __name__: the pump runs this file as __main__
 
 # Version of the hello line relay and server exchange before the JSON-RPC (a mismatch is refused, never guessed at).
 PROTOCOL = 1
@@ -51,6 +52,10 @@ RELAY_ERROR_CODE = -32603
 # The modules whose files make the code version (a clone's `git pull`, an upgraded install: a new shared server).
 CODE_FILES = ("mcp_server.py", "bm25_index.py", "ingest.py", "watcher.py")
 CODE_PREFIX = "kb_"
+# The folder of the project's modules (a clone, or site-packages of an install).
+CODE_DIR = Path(__file__).resolve().parent
+# The flag that makes this file, run as a script, the session's pump.
+PUMP_FLAG = "--pump"
 
 APPEND_TOOL = "update_knowledge_base"
 LOST_CALL = (
@@ -64,30 +69,29 @@ LOST_APPEND = (
 )
 
 
-class SharedUnavailable(KBError):
-    """No shared server can be had (runtime folder, socket, start); the session is served in-process instead."""
+class SharedUnavailable(RuntimeError):
+    """No shared server can be had (runtime folder, socket, start); the session is served in-process instead.
+
+    Not a kb_config.KBError: this module imports nothing from the project, so the pump stays small; mcp_server
+    catches it by name."""
 
 
-@dataclass(frozen=True)
 class SharedPaths:
     """A shared server's files in the runtime folder, all named after its identity key."""
 
-    folder: Path
-    socket: Path
-    lock: Path  # flock()ed around check-connect-or-start; its mere presence means nothing (a crash leaves it)
-    pid: Path  # JSON: pid, key, vault, log (for --stop-shared and people; the socket is the truth)
-    log: Path
+    __slots__ = ("folder", "socket", "lock", "pid", "log")
+
+    def __init__(self, runtime_dir: Path, key: str) -> None:
+        stem = key[:NAME_HEX]
+        self.folder = runtime_dir
+        self.socket = runtime_dir / f"{stem}.sock"
+        self.lock = runtime_dir / f"{stem}.lock"  # flock()ed around check-connect-or-start; a crash leaves it, harmless
+        self.pid = runtime_dir / f"{stem}.pid"  # JSON: pid, key, vault, log (for people and --stop-shared)
+        self.log = runtime_dir / f"{stem}.log"
 
 
 def shared_paths(runtime_dir: Path, key: str) -> SharedPaths:
-    stem = key[:NAME_HEX]
-    return SharedPaths(
-        runtime_dir,
-        runtime_dir / f"{stem}.sock",
-        runtime_dir / f"{stem}.lock",
-        runtime_dir / f"{stem}.pid",
-        runtime_dir / f"{stem}.log",
-    )
+    return SharedPaths(runtime_dir, key)
 
 
 def prepare_runtime_dir(folder: Path) -> None:
@@ -113,7 +117,7 @@ def prepare_runtime_dir(folder: Path) -> None:
         )
 
 
-def code_signature(code_dir: Path = APP_DIR) -> list[tuple[str, int, int]]:
+def code_signature(code_dir: Path = CODE_DIR) -> list[tuple[str, int, int]]:
     """Name, size and modification time of each of the project's modules: a changed file means a new code version."""
     out = []
     with contextlib.suppress(OSError):
@@ -124,11 +128,15 @@ def code_signature(code_dir: Path = APP_DIR) -> list[tuple[str, int, int]]:
     return sorted(out)
 
 
-def identity_key(cfg: Config, code: list[tuple[str, int, int]] | None = None) -> str:
-    """The shared server's identity: user, interpreter, code version and every setting of the resolved config.
+def identity_key(cfg: Any, code: list[tuple[str, int, int]] | None = None) -> str:
+    """The shared server's identity: user, interpreter, code version and every setting of the resolved config (a
+    kb_config.Config).
 
     Two sessions share a server only when their keys are equal; an edited config or upgraded code gives a new key.
     """
+    import hashlib
+    from dataclasses import fields
+
     settings = {f.name: repr(getattr(cfg, f.name)) for f in fields(cfg) if f.compare}
     ident = {
         "protocol": PROTOCOL,
@@ -155,16 +163,26 @@ def hello_line(key: str, op: str = "session", **extra: Any) -> bytes:
 # ---- connecting, starting --------------------------------------------------------------------------------------
 
 
-@dataclass
 class Upstream:
     """Where the session's JSON-RPC goes: the shared server's socket, or a private in-process server's pipes."""
 
-    send: Callable[[bytes], None]
-    rfile: BinaryIO
-    close: Callable[[], None]
-    what: str  # for messages: "shared server pid N" or "in-process server pid N"
-    info: dict = field(default_factory=dict)
-    half_close: Callable[[], None] | None = None  # end of the client's messages; replies may still come
+    def __init__(
+        self,
+        send: Callable[[bytes], None],
+        rfile: BinaryIO,
+        close: Callable[[], None],
+        what: str,
+        info: dict | None = None,
+        half_close: Callable[[], None] | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
+        self.send = send
+        self.rfile = rfile
+        self.close = close
+        self.what = what  # for messages: "shared server pid N" or "in-process server pid N"
+        self.info = info or {}  # the server's hello reply
+        self.half_close = half_close  # end of the client's messages; replies may still come
+        self.sock = sock  # the socket, handed to the pump by exec
 
 
 def connect(paths: SharedPaths, key: str, timeout_s: float, op: str = "session", **extra: Any) -> Upstream:
@@ -194,7 +212,10 @@ def connect(paths: SharedPaths, key: str, timeout_s: float, op: str = "session",
     except BaseException:
         sock.close()
         raise
+    return socket_upstream(sock, rfile, reply)
 
+
+def socket_upstream(sock: socket.socket, rfile: BinaryIO, reply: dict) -> Upstream:
     def close() -> None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
@@ -204,7 +225,7 @@ def connect(paths: SharedPaths, key: str, timeout_s: float, op: str = "session",
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
 
-    return Upstream(sock.sendall, rfile, close, f"shared server pid {reply.get('pid')}", reply, half_close)
+    return Upstream(sock.sendall, rfile, close, f"shared server pid {reply.get('pid')}", reply, half_close, sock)
 
 
 @contextlib.contextmanager
@@ -363,14 +384,16 @@ def _wait_gone(pid: int | None, wait_s: float) -> bool:
 # ---- the pump --------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class _Call:
     """A client request the relay has passed on and not seen answered."""
 
-    id: Any
-    method: str
-    tool: str | None
-    sending: bool = True  # until its line is wholly written to the upstream
+    __slots__ = ("id", "method", "tool", "sending")
+
+    def __init__(self, request_id: Any, method: str, tool: str | None) -> None:
+        self.id = request_id
+        self.method = method
+        self.tool = tool
+        self.sending = True  # until its line is wholly written to the upstream
 
 
 def _id_key(value: Any) -> str:
@@ -583,3 +606,54 @@ def _response_id(line: bytes) -> str | None:
     if isinstance(msg, dict) and "id" in msg and "method" not in msg:
         return _id_key(msg["id"])
     return None
+
+
+# ---- the session's process: attach, then exec into the pump -------------------------------------------------------
+
+
+def make_reattach(paths: SharedPaths, key: str, server_argv: list[str], fallback_argv: list[str]) -> Callable[[], Upstream]:
+    """What a Relay calls when its upstream went away: the shared server again (a new one if it died), else a private
+    in-process server (`fallback_argv` plus --fallback-reason), saying so on stderr."""
+
+    def reattach() -> Upstream:
+        try:
+            return attach(paths, key, server_argv)
+        except SharedUnavailable as e:
+            reason = f"the shared server went away and no new one could be had: {e}"
+            print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
+            return child_upstream([*fallback_argv, "--fallback-reason", reason])
+
+    return reattach
+
+
+def exec_pump(up: Upstream, plan: dict[str, Any]) -> NoReturn:
+    """Replace this process with a bare interpreter (-S: no site-packages) running only the pump over the attached
+    socket; raises OSError if the exec fails (the caller then pumps in this process)."""
+    assert up.sock is not None
+    fd = up.sock.fileno()
+    os.set_inheritable(fd, True)
+    plan = dict(plan, hello=up.info, log_level=logging.getLogger().getEffectiveLevel())
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-S", str(Path(__file__).resolve()), PUMP_FLAG, json.dumps(plan), str(fd)])
+
+
+def run_pump(plan_json: str, fd: int) -> int:
+    """The pump: the session's socket (inherited through exec) to stdin/stdout until the client leaves."""
+    plan = json.loads(plan_json)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(int(plan.get("log_level", logging.INFO)))
+    sock = socket.socket(fileno=fd)
+    up = socket_upstream(sock, sock.makefile("rb"), plan["hello"])
+    paths = shared_paths(Path(plan["runtime_dir"]), plan["key"])
+    reattach = make_reattach(paths, plan["key"], plan["server_argv"], plan["fallback_argv"])
+    return Relay(up, reattach, sys.stdin.buffer, sys.stdout.buffer).run()
+
+
+if __name__ == "__main__":  # only as mcp_server's relay execs it: `python -S kb_relay.py --pump PLAN FD`
+    if len(sys.argv) != 4 or sys.argv[1] != PUMP_FLAG:
+        print("kb_relay.py is started by mcp_server.py's relay, not by hand", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run_pump(sys.argv[2], int(sys.argv[3])))

@@ -3,7 +3,7 @@ serves each relay's socket connection as its own MCP session through the SDK, ov
 watcher and one writer. It exits after server.idle_exit seconds with no session attached, at once when its last
 session leaves and the config or code it was started for has changed, and on `--stop-shared`.
 
-Imports: kb_config, kb_relay; lazily: anyio and the MCP SDK.
+Imports: kb_config, kb_relay (anyio and the MCP SDK where used).
 """
 
 from __future__ import annotations

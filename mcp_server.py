@@ -280,7 +280,7 @@ def forwarded_args(args: argparse.Namespace) -> list[str]:
 
 def relay(cfg: Config, args: argparse.Namespace) -> int:
     """Relay this stdio session to the shared server (started if none runs); serve in-process if none can be had."""
-    from kb_relay import Relay, SharedUnavailable, attach, child_upstream, identity_key, prepare_runtime_dir, shared_paths
+    from kb_relay import Relay, SharedUnavailable, attach, exec_pump, identity_key, make_reattach, prepare_runtime_dir, shared_paths
 
     assert cfg.runtime_dir is not None
     fwd = forwarded_args(args)
@@ -295,15 +295,13 @@ def relay(cfg: Config, args: argparse.Namespace) -> int:
         print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
         return serve(cfg, reason)
     logger.info("relaying to the %s (%s sessions attached)", upstream.what, upstream.info.get("sessions"))
-
-    def reattach() -> Any:
-        try:
-            return attach(paths, key, server_argv)
-        except SharedUnavailable as e:
-            reason = f"the shared server went away and no new one could be had: {e}"
-            print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
-            return child_upstream([sys.executable, str(SCRIPT), "--no-shared", "--fallback-reason", reason, *fwd])
-
+    fallback_argv = [sys.executable, str(SCRIPT), "--no-shared", *fwd]
+    plan = {"runtime_dir": str(cfg.runtime_dir), "key": key, "server_argv": server_argv, "fallback_argv": fallback_argv}
+    try:
+        exec_pump(upstream, plan)  # never returns: the config and YAML this process loaded are not needed any more
+    except OSError as e:
+        logger.info("cannot exec the pump (%s); relaying from this process", e)
+    reattach = make_reattach(paths, key, server_argv, fallback_argv)
     return Relay(upstream, reattach, sys.stdin.buffer, sys.stdout.buffer).run()
 
 

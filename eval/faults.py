@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from faults_common import HASH_MODEL, Processes
+from harness import private_runtime
 from faults_report import PartResult, Run
 
 PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
@@ -126,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[PartResult] = []
     t0 = time.perf_counter()
     try:
-        for name in parts:
-            results.append(run_part(name, run, args))
+        with private_runtime():  # the shared servers the relays start live in a folder of this run's own
+            for name in parts:
+                results.append(run_part(name, run, args))
     finally:
         procs.kill_all()
         if args.keep:

@@ -33,8 +33,8 @@ ALLOWED = {
     "kb_store": {"kb_config", "kb_files"},
     "kb_chroma": {"kb_config"},
     "kb_http": {"kb_config", "kb_files"},
-    # The relay stays light (standard library and kb_config); the shared server reuses its paths and hello.
-    "kb_relay": {"kb_config"},
+    # The relay stays light (standard library only); the shared server reuses its paths and hello.
+    "kb_relay": set(),
     "kb_shared": {"kb_config", "kb_relay"},
     "bm25_index": {"kb_config", "kb_files", "kb_text"},
     "kb_view": {"kb_config", "kb_state", "kb_text", "bm25_index", "kb_links"},
@@ -240,7 +240,9 @@ def test_every_tool_and_tool_argument_is_documented(small_vault, tmp_path):
 
     import mcp_server
 
-    server = mcp_server.build_server(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data")))
+    from kb_tools import KnowledgeBase
+
+    server = mcp_server.build_server(KnowledgeBase(make_config(small_vault, tmp_path / "data")))
     tools = anyio.run(server.list_tools)
     assert len(tools) == 6
     for tool in tools:
