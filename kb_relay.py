@@ -59,8 +59,7 @@ PUMP_FLAG = "--pump"
 
 APPEND_TOOL = "update_knowledge_base"
 LOST_CALL = (
-    "the shared second-brain server stopped while this call ran; it was not retried (a new server is starting): "
-    "call again"
+    "the shared second-brain server stopped while this call ran; it was not retried (a new server is starting): call again"
 )
 LOST_APPEND = (
     "the shared second-brain server stopped while this append ran; it was not retried, and it either landed whole or "
@@ -260,7 +259,7 @@ def spawn_server(argv: list[str], log: Path) -> Any:
         if log.stat().st_size:
             os.replace(log, log.with_name(log.name + ".1"))  # the previous run's log, kept once
     try:
-        out = open(log, "ab")  # noqa: SIM115  (handed to the child; closed right after)
+        out = open(log, "ab")
     except OSError as e:
         raise SharedUnavailable(f"cannot open the shared server's log {log} ({e.strerror})") from e
     try:
@@ -292,7 +291,7 @@ def attach(paths: SharedPaths, key: str, server_argv: list[str], timeout_s: floa
         while True:
             try:
                 return connect(paths, key, deadline - time.monotonic())
-            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, socket.timeout):
+            except (TimeoutError, FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
                 pass
             code = proc.poll()
             if code is not None:

@@ -65,7 +65,7 @@ def os_error_message(e: OSError) -> str:
 # ---- the MCP server -------------------------------------------------------------------------------------------
 
 
-def build_server(kb: "KnowledgeBase") -> Any:  # noqa: UP037  (no __future__ annotations here, see below)
+def build_server(kb: "KnowledgeBase") -> Any:
     """The MCPServer with its six tools; every failure becomes a tool error the model can read.
 
     The SDK is imported here, not at module level, so `--search` and `--help` never pay for it. The knowledge base
@@ -280,7 +280,16 @@ def forwarded_args(args: argparse.Namespace) -> list[str]:
 
 def relay(cfg: Config, args: argparse.Namespace) -> int:
     """Relay this stdio session to the shared server (started if none runs); serve in-process if none can be had."""
-    from kb_relay import Relay, SharedUnavailable, attach, exec_pump, identity_key, make_reattach, prepare_runtime_dir, shared_paths
+    from kb_relay import (
+        Relay,
+        SharedUnavailable,
+        attach,
+        exec_pump,
+        identity_key,
+        make_reattach,
+        prepare_runtime_dir,
+        shared_paths,
+    )
 
     assert cfg.runtime_dir is not None
     fwd = forwarded_args(args)

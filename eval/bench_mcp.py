@@ -245,7 +245,10 @@ async def bench_sessions(config: Path, errlog: Any, n: int, mode: str, runtime: 
                 res["init"].append(s.initialize_s)
                 res["first"].append(first_s)
                 res["first_mode"].append(first["mode"])
-            say("bench", f"session {i + 1}/{n}: initialize {s.initialize_s * 1000:.0f} ms, first answer ({first['mode']}) {first_s * 1000:.0f} ms after launch")
+            say(
+                "bench",
+                f"session {i + 1}/{n}: initialize {s.initialize_s * 1000:.0f} ms, first answer ({first['mode']}) {first_s * 1000:.0f} ms after launch",
+            )
             sessions.append(s)
         for q in QUERIES[:3]:
             await search(direct.client, q, mode)
@@ -278,7 +281,12 @@ def add_session_metrics(add: Callable[..., None], se: dict[str, Any], n: int) ->
     add("cold_session_first_answer_ms", cold["first"] * 1000, "ms", f"first session, mode {cold['first_mode']}")
     add("later_session_initialize_ms", median(se["init"]) * 1000, "ms", f"launch -> initialize, median of {n - 1} (bar 300)")
     add("later_session_initialize_max_ms", max(se["init"]) * 1000, "ms")
-    add("later_session_first_answer_ms", median(se["first"]) * 1000, "ms", f"launch -> first search reply, median of {n - 1} (bar 500)")
+    add(
+        "later_session_first_answer_ms",
+        median(se["first"]) * 1000,
+        "ms",
+        f"launch -> first search reply, median of {n - 1} (bar 500)",
+    )
     add("later_session_first_answer_max_ms", max(se["first"]) * 1000, "ms")
     add("later_session_first_modes", ",".join(sorted(set(se["first_mode"]))), "mode", "hybrid: semantic results included")
     relay, direct = median(se["relay"]) * 1000, median(se["direct"]) * 1000

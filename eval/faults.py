@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from faults_common import HASH_MODEL, Processes
-from harness import private_runtime
 from faults_report import PartResult, Run
+from harness import private_runtime
 
 PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
 # Seed of every random choice (kill moments, edits, storm operations): the same seed replays the same plan.

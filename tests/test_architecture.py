@@ -239,7 +239,6 @@ def test_every_tool_and_tool_argument_is_documented(small_vault, tmp_path):
     from kb_fixtures import make_config
 
     import mcp_server
-
     from kb_tools import KnowledgeBase
 
     server = mcp_server.build_server(KnowledgeBase(make_config(small_vault, tmp_path / "data")))

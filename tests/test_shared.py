@@ -67,7 +67,9 @@ def write_config(folder: Path, vault: Path | None = None, **server: Any) -> Path
         vault.mkdir(parents=True)
         (vault / "inbox.md").write_text("# Inbox\n\n- first capture\n", encoding="utf-8")
         (vault / "backup.md").write_text("# Backup\n\nThe NAS backup timer runs nightly at 02:00.\n", encoding="utf-8")
-        (vault / "long.md").write_text("# Long\n\n" + "\n".join(f"line {i} " + "word " * 30 for i in range(400)), encoding="utf-8")
+        (vault / "long.md").write_text(
+            "# Long\n\n" + "\n".join(f"line {i} " + "word " * 30 for i in range(400)), encoding="utf-8"
+        )
     cfg = {
         "kb_dir": str(vault),
         "data_dir": str(folder / "data"),
@@ -408,7 +410,14 @@ def test_append_in_flight_at_a_kill_lands_whole_or_fails_and_is_never_doubled(tm
         s.initialize()
         pid = s.serving()["pid"]
         text = "- kill marker " + "x" * 4000 + " end-of-append"
-        s.send({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": "update_knowledge_base", "arguments": {"path": "inbox.md", "content": text}}})
+        s.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 99,
+                "method": "tools/call",
+                "params": {"name": "update_knowledge_base", "arguments": {"path": "inbox.md", "content": text}},
+            }
+        )
         os.kill(pid, signal.SIGKILL)  # the append is in flight, or just done
         t0 = time.monotonic()
         reply = s.read(NO_HANG_S)
@@ -531,7 +540,14 @@ def test_server_keeps_serving_when_a_client_disconnects_mid_reply(tmp_path, runt
         # A client that closes the relay's stdout mid-reply: the relay exits, the server stays.
         with session(config, runtime) as gone:
             gone.initialize()
-            gone.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "read_note", "arguments": {"path": "long.md"}}})
+            gone.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 5,
+                    "method": "tools/call",
+                    "params": {"name": "read_note", "arguments": {"path": "long.md"}},
+                }
+            )
             gone.proc.stdout.close()  # type: ignore[union-attr]
             gone.proc.stdin.close()  # type: ignore[union-attr]
             assert gone.proc.wait(timeout=10) == 0
