@@ -24,7 +24,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The longest files run first (longest-first scheduling over the xdist workers): started late, one of them kept a
 # worker busy while the other sat idle at the end of the run.
-SLOW_FILES_FIRST = ("test_faults.py", "test_minilm.py", "test_mcp_server.py", "test_bench.py", "test_eval_baseline.py")
+SLOW_FILES_FIRST = (
+    "test_faults.py",
+    "test_minilm.py",
+    "test_mcp_server.py",
+    "test_shared.py",
+    "test_bench.py",
+    "test_eval_baseline.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -208,7 +208,7 @@ def folder(runtime: Path) -> Path:
 # ---- attaching, identity ----------------------------------------------------------------------------------------
 
 
-def test_second_session_attaches_to_the_running_shared_server(tmp_path, runtime):
+def test_second_session_attaches_to_the_running_shared_server_over_a_private_socket(tmp_path, runtime):
     config = write_config(tmp_path)
     with session(config, runtime) as a, session(config, runtime) as b:
         assert "serverInfo" in a.initialize()["result"]
@@ -218,6 +218,9 @@ def test_second_session_attaches_to_the_running_shared_server(tmp_path, runtime)
         first, second = a.serving(), b.serving()
         assert first["mode"] == second["mode"] == "shared"
         assert first["pid"] == second["pid"] and second["sessions_attached"] == 2
+        # Security: the folder is this user's alone and the socket only ours to open.
+        assert (folder(runtime).stat().st_mode & 0o777) == 0o700
+        assert (Path(first["socket"]).stat().st_mode & 0o777) == 0o600
     files = sorted(p.suffix for p in folder(runtime).iterdir())
     assert files.count(".sock") == 1  # one server, one socket
 
@@ -560,15 +563,6 @@ def test_server_keeps_serving_when_a_client_disconnects_mid_reply(tmp_path, runt
 
 
 # ---- security, platforms ----------------------------------------------------------------------------------------
-
-
-def test_runtime_folder_is_0700_and_socket_0600(tmp_path, runtime):
-    config = write_config(tmp_path)
-    with session(config, runtime) as s:
-        s.initialize()
-        sock = Path(s.serving()["socket"])
-        assert (folder(runtime).stat().st_mode & 0o777) == 0o700
-        assert (sock.stat().st_mode & 0o777) == 0o600
 
 
 def test_prepare_runtime_dir_rejects_a_folder_path_too_long_for_a_socket(tmp_path):
