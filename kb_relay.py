@@ -3,8 +3,9 @@ user, vault, resolved config and code version, starting it detached if none runs
 newline-delimited JSON-RPC both ways over a Unix socket. Also what the shared server reuses: the private runtime
 folder, the identity key, the socket's paths and hello, the peer check.
 
-Once attached, mcp_server replaces its process with this file run as a script on a bare interpreter (`exec_pump`):
-the pump that stays up for the session then holds ~12 MB instead of the ~22 MB the config and YAML took.
+Once it has the config's identity key, mcp_server replaces its process with this file run as a script on a bare
+interpreter (`exec_pump`), which attaches (or starts the server) and relays: the process that stays up for the
+session holds ~13 MB instead of the ~22 MB the config and YAML took, and a cold start overlaps the server's.
 Standard library only, and nothing from the project (the pump imports nothing it does not use).
 Imports: nothing from the project.
 """
@@ -173,7 +174,6 @@ class Upstream:
         what: str,
         info: dict | None = None,
         half_close: Callable[[], None] | None = None,
-        sock: socket.socket | None = None,
     ) -> None:
         self.send = send
         self.rfile = rfile
@@ -181,7 +181,6 @@ class Upstream:
         self.what = what  # for messages: "shared server pid N" or "in-process server pid N"
         self.info = info or {}  # the server's hello reply
         self.half_close = half_close  # end of the client's messages; replies may still come
-        self.sock = sock  # the socket, handed to the pump by exec
 
 
 def connect(paths: SharedPaths, key: str, timeout_s: float, op: str = "session", **extra: Any) -> Upstream:
@@ -224,7 +223,7 @@ def socket_upstream(sock: socket.socket, rfile: BinaryIO, reply: dict) -> Upstre
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
 
-    return Upstream(sock.sendall, rfile, close, f"shared server pid {reply.get('pid')}", reply, half_close, sock)
+    return Upstream(sock.sendall, rfile, close, f"shared server pid {reply.get('pid')}", reply, half_close)
 
 
 @contextlib.contextmanager
@@ -607,7 +606,7 @@ def _response_id(line: bytes) -> str | None:
     return None
 
 
-# ---- the session's process: attach, then exec into the pump -------------------------------------------------------
+# ---- the session's process: exec into the pump, attach, relay -------------------------------------------------------
 
 
 def make_reattach(paths: SharedPaths, key: str, server_argv: list[str], fallback_argv: list[str]) -> Callable[[], Upstream]:
@@ -625,34 +624,42 @@ def make_reattach(paths: SharedPaths, key: str, server_argv: list[str], fallback
     return reattach
 
 
-def exec_pump(up: Upstream, plan: dict[str, Any]) -> NoReturn:
-    """Replace this process with a bare interpreter (-S: no site-packages) running only the pump over the attached
-    socket; raises OSError if the exec fails (the caller then pumps in this process)."""
-    assert up.sock is not None
-    fd = up.sock.fileno()
-    os.set_inheritable(fd, True)
-    plan = dict(plan, hello=up.info, log_level=logging.getLogger().getEffectiveLevel())
+def exec_pump(plan: dict[str, Any]) -> NoReturn:
+    """Replace this process with a bare interpreter (-S: no site-packages) running only the relay (`run_relay`), so
+    the config, YAML and argparse this process loaded are not held for the session; raises OSError if the exec
+    fails (the caller then relays from this process)."""
+    plan = dict(plan, log_level=logging.getLogger().getEffectiveLevel())
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-S", str(Path(__file__).resolve()), PUMP_FLAG, json.dumps(plan), str(fd)])
+    os.execv(sys.executable, [sys.executable, "-S", str(Path(__file__).resolve()), PUMP_FLAG, json.dumps(plan)])
 
 
-def run_pump(plan_json: str, fd: int) -> int:
-    """The pump: the session's socket (inherited through exec) to stdin/stdout until the client leaves."""
+def run_relay(plan: dict[str, Any]) -> int:
+    """Attach to the shared server (starting it if none runs) and relay the session until the client leaves. If no
+    shared server can be had, a private in-process server (`fallback_argv`) serves the session, and says so."""
+    paths = shared_paths(Path(plan["runtime_dir"]), plan["key"])
+    try:
+        up = attach(paths, plan["key"], plan["server_argv"])
+        logger.info("relaying to the %s (%s sessions attached)", up.what, up.info.get("sessions"))
+    except SharedUnavailable as e:
+        reason = f"no shared server could be had: {e}"
+        print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
+        up = child_upstream([*plan["fallback_argv"], "--fallback-reason", reason])
+    reattach = make_reattach(paths, plan["key"], plan["server_argv"], plan["fallback_argv"])
+    return Relay(up, reattach, sys.stdin.buffer, sys.stdout.buffer).run()
+
+
+def _run_pump(plan_json: str) -> int:
     plan = json.loads(plan_json)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(int(plan.get("log_level", logging.INFO)))
-    sock = socket.socket(fileno=fd)
-    up = socket_upstream(sock, sock.makefile("rb"), plan["hello"])
-    paths = shared_paths(Path(plan["runtime_dir"]), plan["key"])
-    reattach = make_reattach(paths, plan["key"], plan["server_argv"], plan["fallback_argv"])
-    return Relay(up, reattach, sys.stdin.buffer, sys.stdout.buffer).run()
+    return run_relay(plan)
 
 
-if __name__ == "__main__":  # only as mcp_server's relay execs it: `python -S kb_relay.py --pump PLAN FD`
-    if len(sys.argv) != 4 or sys.argv[1] != PUMP_FLAG:
+if __name__ == "__main__":  # only as mcp_server's relay execs it: `python -S kb_relay.py --pump PLAN`
+    if len(sys.argv) != 3 or sys.argv[1] != PUMP_FLAG:
         print("kb_relay.py is started by mcp_server.py's relay, not by hand", file=sys.stderr)
         sys.exit(2)
-    sys.exit(run_pump(sys.argv[2], int(sys.argv[3])))
+    sys.exit(_run_pump(sys.argv[2]))

@@ -62,6 +62,19 @@ def os_error_message(e: OSError) -> str:
     return f"the file system refused the operation{where}: {what}; {hint}"
 
 
+# The tools' names this module served at import before the relay made it light; imported on first use (PEP 562).
+LAZY_NAMES = {"KnowledgeBase": "kb_tools", "fit": "kb_tools", "format_search": "kb_tools", "quote": "kb_tools"}
+LAZY_NAMES |= {"load_model": "kb_live", "use_one_malloc_arena": "kb_live"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'mcp_server' has no attribute {name!r}")
+
+
 # ---- the MCP server -------------------------------------------------------------------------------------------
 
 
@@ -280,38 +293,28 @@ def forwarded_args(args: argparse.Namespace) -> list[str]:
 
 def relay(cfg: Config, args: argparse.Namespace) -> int:
     """Relay this stdio session to the shared server (started if none runs); serve in-process if none can be had."""
-    from kb_relay import (
-        Relay,
-        SharedUnavailable,
-        attach,
-        exec_pump,
-        identity_key,
-        make_reattach,
-        prepare_runtime_dir,
-        shared_paths,
-    )
+    from kb_relay import SharedUnavailable, exec_pump, identity_key, prepare_runtime_dir, run_relay
 
     assert cfg.runtime_dir is not None
     fwd = forwarded_args(args)
     try:
         prepare_runtime_dir(cfg.runtime_dir)
         key = identity_key(cfg)
-        paths = shared_paths(cfg.runtime_dir, key)
-        server_argv = [sys.executable, str(SCRIPT), "--serve-shared", key, *fwd]
-        upstream = attach(paths, key, server_argv)
     except SharedUnavailable as e:
         reason = f"no shared server could be had: {e}"
         print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
         return serve(cfg, reason)
-    logger.info("relaying to the %s (%s sessions attached)", upstream.what, upstream.info.get("sessions"))
-    fallback_argv = [sys.executable, str(SCRIPT), "--no-shared", *fwd]
-    plan = {"runtime_dir": str(cfg.runtime_dir), "key": key, "server_argv": server_argv, "fallback_argv": fallback_argv}
+    plan = {
+        "runtime_dir": str(cfg.runtime_dir),
+        "key": key,
+        "server_argv": [sys.executable, str(SCRIPT), "--serve-shared", key, *fwd],
+        "fallback_argv": [sys.executable, str(SCRIPT), "--no-shared", *fwd],
+    }
     try:
-        exec_pump(upstream, plan)  # never returns: the config and YAML this process loaded are not needed any more
+        exec_pump(plan)  # never returns: the config, YAML and argparse this process loaded are not needed any more
     except OSError as e:
-        logger.info("cannot exec the pump (%s); relaying from this process", e)
-    reattach = make_reattach(paths, key, server_argv, fallback_argv)
-    return Relay(upstream, reattach, sys.stdin.buffer, sys.stdout.buffer).run()
+        logger.info("cannot exec the relay's pump (%s); relaying from this process", e)
+    return run_relay(plan)
 
 
 def serve_shared_transport(cfg: Config, key: str, args: argparse.Namespace) -> int:
@@ -350,8 +353,7 @@ def serve_shared_transport(cfg: Config, key: str, args: argparse.Namespace) -> i
     use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
     kb.serving = shared.describe
-    server = build_server(kb)
-    kb.start()  # index and model load now, not at the first session
+    server = build_server(kb)  # kb starts with the first session's lifespan, as in-process: initialize comes first
     try:
         shared.serve(server)
     except KeyboardInterrupt:
