@@ -30,6 +30,7 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_CONFIG               which config file to read (entry scripts also take --config PATH)
 #   XDG_CONFIG_HOME         where an installed command looks for second-brain-mcp/config.yaml (default ~/.config)
 #   XDG_DATA_HOME           where an installed command keeps its index when data_dir is unset (~/.local/share)
+#   XDG_RUNTIME_DIR         where the shared server's socket folder goes (else /tmp/second-brain-mcp-<uid>)
 #   KB_DIR                  kb_dir
 #   KB_DATA_DIR             data_dir
 #   KB_TOP_K                search.top_k
@@ -166,6 +167,8 @@ FIELDS: tuple[_Field, ...] = (
     _Field("server.log_level", "log_level", str, "INFO", "KB_LOG_LEVEL", _one_of(LOG_LEVELS)),
     _Field("server.token", "server_token", str, "", "KB_SERVER_TOKEN"),
     _Field("server.allowed_hosts", "allowed_hosts", list, [], None, _str_list),
+    _Field("server.shared", "shared", bool, True),
+    _Field("server.idle_exit", "idle_exit_s", float, 300.0, None, _range(0.0, 604800.0)),
     _Field("write.writable", "writable", list, ["inbox.md"], "KB_WRITABLE", _str_list),
     _Field("write.creatable", "creatable", list, [], None, _str_list),
     _Field("write.max_append_chars", "max_append_chars", int, 20_000, None, _range(1, 1_000_000)),
@@ -214,6 +217,8 @@ class Config:
     log_level: str = "INFO"
     server_token: str = field(default="", repr=False)  # bearer token for --transport http; never printed or logged
     allowed_hosts: tuple[str, ...] = ()
+    shared: bool = True  # stdio sessions attach to one shared server per vault and config (kb_relay, kb_shared)
+    idle_exit_s: float = 300.0  # the shared server exits after this long with no session attached
     writable: tuple[str, ...] = ("inbox.md",)
     creatable: tuple[str, ...] = ()
     max_append_chars: int = 20_000
@@ -226,6 +231,7 @@ class Config:
     chroma_prefix: str = "sb-"
     source: str = field(default="defaults", compare=False)  # the config file used, for messages
     cache_dir: Path | None = field(default=None, compare=False)  # jieba's dictionary cache (user_cache_dir)
+    runtime_dir: Path | None = field(default=None, compare=False)  # the shared servers' sockets (user_runtime_dir)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -297,6 +303,16 @@ def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
     if os.name == "nt" and env.get("LOCALAPPDATA"):
         return Path(env["LOCALAPPDATA"]) / APP_NAME
     return Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / APP_NAME
+
+
+def user_runtime_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the shared servers' sockets, locks, pid files and logs live (kb_relay checks it is private): a folder in
+    $XDG_RUNTIME_DIR, else /tmp/second-brain-mcp-<uid> (short: a Unix socket's path is limited to 107 bytes)."""
+    env = os.environ if env is None else env
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / APP_NAME
+    uid = os.getuid() if hasattr(os, "getuid") else 0  # Windows serves in-process (kb_relay) and never uses it
+    return Path(f"/tmp/{APP_NAME}-{uid}")
 
 
 def config_candidates(env: Mapping[str, str] | None = None) -> list[Path]:
@@ -424,6 +440,7 @@ def load_config(
     out["extensions"] = tuple(e.lower() for e in out["extensions"])
     out["source"] = str(cfg_path) if cfg_path else "defaults"
     out["cache_dir"] = user_cache_dir(env)
+    out["runtime_dir"] = user_runtime_dir(env)
     return Config(**out)
 
 

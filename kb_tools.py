@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,8 @@ class KnowledgeBase:
     def __init__(self, cfg: Config, embedder: Embedder | None = None, live: LiveIndex | None = None) -> None:
         self.cfg = cfg
         self.live = live or LiveIndex(cfg, embedder)
+        # How this session is served (shared or in-process, sessions attached), for index_status; set by mcp_server.
+        self.serving: Callable[[], dict] = lambda: {"mode": "in-process"}
 
     def start(self) -> None:
         self.live.start()
@@ -348,6 +351,7 @@ class KnowledgeBase:
             "freshness": dict(self.live.counts, file_events=self.live.changes.events if self.live.changes else 0),
             "writable": list(self.cfg.writable),
             "creatable": list(self.cfg.creatable),
+            "serving": self.serving(),
         }
         skipped = engine.skipped_files()
         info["vault"] = engine.vault_profile()

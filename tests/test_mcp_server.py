@@ -517,9 +517,11 @@ def test_server_stdout_carries_only_protocol_with_debug_logging(shared):
     shared.ok("update_knowledge_base", {"path": "inbox.md", "content": "- debug round note"})
     shared.ok("read_note", {"path": "inbox.md"})
     shared.ok("list_notes")
-    shared.ok("index_status")
+    serving = shared.ok("index_status").structured_content["serving"]
     assert shared.stdout_errors.messages == []  # the client parsed every stdout line as JSON-RPC
-    log = shared.errlog.read_text(encoding="utf-8")
+    # The relay logs to the client's stderr; the shared server it started (with the same -vv) to its own log file.
+    assert serving["mode"] == "shared"
+    log = shared.errlog.read_text(encoding="utf-8") + Path(serving["log"]).read_text(encoding="utf-8")
     assert " DEBUG " in log and " INFO " in log
 
 
