@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -632,14 +633,17 @@ def test_self_test_exits_1_on_invalid_config(tmp_path, config_text, fragment):
 
 
 def test_server_without_model_keeps_keyword_search_and_says_how_to_fix(template, tmp_path):
-    """The configured model is not on disk: hybrid answers from keywords with a note, semantic mode is a clear error."""
+    """The configured model is not on disk: hybrid answers from keywords with a note, semantic mode is a clear error.
+
+    Where sentence-transformers (opt-in) is missing, the fix the server names is installing it."""
     config = _clone(template, tmp_path / "nomodel", embedding={"model": "no-such-org/no-such-model"})
+    fix = "local folder" if importlib.util.find_spec("sentence_transformers") else "pip install -r requirements-st.txt"
     with mcp_session(config, tmp_path / "server.err") as session:
         result = session.ok("search_my_knowledge_base", {"query": "backup-nightly.timer"})
         text = result.content[0].text
         assert _paths(result.structured_content)[0] == "projects/homelab/Homelab.md"
-        assert "semantic search" in text and "ingest.py" in text
+        assert "semantic search" in text and fix in text
         failed = session.call("search_my_knowledge_base", {"query": "backup-nightly.timer", "mode": "semantic"})
-        assert failed.is_error and "no-such-model" in failed.content[0].text and "local folder" in failed.content[0].text
+        assert failed.is_error and "no-such-model" in failed.content[0].text and fix in failed.content[0].text
         status = session.ok("index_status").structured_content
         assert status["semantic_search"] is False and status["notes"] == 30

@@ -16,7 +16,9 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvw
 @pytest.fixture(scope="module")
 def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-layer BERT sequence classifier with a 45-token vocabulary, saved like a hub model."""
-    torch = pytest.importorskip("torch")
+    missing = "sentence-transformers is not installed (opt-in: pip install -r requirements-st.txt; requirements-dev.txt has it)"
+    torch = pytest.importorskip("torch", reason=missing)
+    pytest.importorskip("sentence_transformers", reason=missing)
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-ce")
