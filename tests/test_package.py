@@ -124,7 +124,7 @@ def test_installed_command_searches_from_any_folder_with_per_user_folders(instal
     )
 
     assert out.returncode == 0, out.stderr
-    assert "hits for" in out.stdout and "Homelab" in out.stdout
+    assert "notes for" in out.stdout and "Homelab" in out.stdout
     assert (tmp_path / "xdg-data" / "second-brain-mcp").is_dir()  # the index went to the per-user data folder
     assert not list(work.iterdir())  # nothing written where the command ran
     for command in ("second-brain-ingest", "second-brain-watch"):
