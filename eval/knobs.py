@@ -19,10 +19,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replies import shown_notes, summarize_replies
+from replies import open_engine, shown_notes, summarize_replies
 from run_eval import load_alternatives, load_golden
 
-from kb_config import KBError, load_config, setup_logging
+from kb_config import KBError, setup_logging
 
 # The config keys that weigh or gate the ranking (the user's; the other search.* keys shape the reply).
 CONFIG_KNOBS = ("gate_margin", "candidates", "rrf_k", "keyword_weight")
@@ -78,21 +78,14 @@ def compare(base: dict, other: dict) -> dict[str, Any]:
 
 
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
-    from ingest import INGEST_WORKERS
-    from kb_engine import Engine
     from kb_search import Searcher, Tuning
-    from kb_vectors import config_embedder
 
     questions = load_golden(args.golden)
     variants = {"plain": {}}
     if args.alternatives:
         variants["alternatives"] = load_alternatives(args.alternatives)
-    overrides = {"kb_dir": str(args.kb_dir.resolve()), "data_dir": str(args.index_dir.resolve())}
-    cfg = load_config(None, env={}, overrides=overrides)
-    engine = Engine(cfg, config_embedder(cfg, workers=INGEST_WORKERS))
-    engine.sync_all()
-    if engine.model_error:
-        raise KBError(engine.model_error)
+    engine = open_engine(args.kb_dir, args.index_dir)
+    cfg = engine.cfg
     paths = sorted(engine.files)
 
     def searcher_with(tuning: Any = None, cfg_change: dict | None = None) -> Any:

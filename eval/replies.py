@@ -85,21 +85,30 @@ def score_picks(questions: list[dict[str, Any]], picks: dict[str, list[str]]) ->
     return res
 
 
-def dump(args: argparse.Namespace) -> dict[str, Any]:
+def open_engine(kb_dir: Path, index_dir: Path, sets: dict[str, Any] | None = None) -> Any:
+    """An Engine over `kb_dir` with its index in `index_dir`, brought up to date (the ingest CLI's embedding workers);
+    `sets` overrides config keys. Raises KBError when the model cannot load."""
     from ingest import INGEST_WORKERS
     from kb_engine import Engine
-    from kb_search import Searcher
-    from kb_tools import format_search
     from kb_vectors import config_embedder
 
-    questions = load_golden(args.golden)
-    alternatives = load_alternatives(args.alternatives) if args.alternatives else {}
-    overrides = {"kb_dir": str(args.kb_dir.resolve()), "data_dir": str(args.index_dir.resolve()), **parse_sets(args.set)}
+    overrides = {"kb_dir": str(kb_dir.resolve()), "data_dir": str(index_dir.resolve()), **(sets or {})}
     cfg = load_config(None, env={}, overrides=overrides)
     engine = Engine(cfg, config_embedder(cfg, workers=INGEST_WORKERS))
     engine.sync_all()
     if engine.model_error:
         raise KBError(engine.model_error)
+    return engine
+
+
+def dump(args: argparse.Namespace) -> dict[str, Any]:
+    from kb_search import Searcher
+    from kb_tools import format_search
+
+    questions = load_golden(args.golden)
+    alternatives = load_alternatives(args.alternatives) if args.alternatives else {}
+    engine = open_engine(args.kb_dir, args.index_dir, parse_sets(args.set))
+    cfg = engine.cfg
     searcher = Searcher(engine, make_tuning(parse_sets(args.tune)))
     paths = sorted(engine.files)
     rows = []
