@@ -223,6 +223,8 @@ def test_every_env_var_is_documented():
         "eval/bench_store.py",
         "eval/bench_links.py",
         "eval/plant_identifiers.py",
+        "eval/replies.py",
+        "eval/knobs.py",
     ],
 )
 def test_every_cli_flag_is_documented(script):
