@@ -134,8 +134,12 @@ def identity_key(cfg: Any, code: list[tuple[str, int, int]] | None = None) -> st
 
     Two sessions share a server only when their keys are equal; an edited config or upgraded code gives a new key.
     """
-    import hashlib
     from dataclasses import fields
+
+    try:
+        from _sha256 import sha256  # CPython's own: no OpenSSL to load on a session's start
+    except ImportError:
+        from hashlib import sha256
 
     settings = {f.name: repr(getattr(cfg, f.name)) for f in fields(cfg) if f.compare}
     ident = {
@@ -145,7 +149,7 @@ def identity_key(cfg: Any, code: list[tuple[str, int, int]] | None = None) -> st
         "code": code_signature() if code is None else code,
         "config": settings,
     }
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode("utf-8")).hexdigest()
+    return sha256(json.dumps(ident, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -299,6 +303,24 @@ def attach(paths: SharedPaths, key: str, server_argv: list[str], timeout_s: floa
                 proc.kill()  # a server that comes up after we gave up would only sit there until idle_exit
                 raise SharedUnavailable(f"no shared server answered within {timeout_s:.0f} s; see {paths.log}")
             time.sleep(CONNECT_POLL_S)
+
+
+def start_if_absent(paths: SharedPaths, server_argv: list[str], timeout_s: float = START_TIMEOUT_S) -> None:
+    """A cold start's head start: when no socket file exists, start the server under the start lock and wait until
+    it has bound its socket (before its SDK import), so the rest of its start overlaps the pump's. A live server, a
+    stale socket or any failure is left to attach(), which decides."""
+    if paths.socket.exists():
+        return
+    deadline = time.monotonic() + timeout_s
+    try:
+        with start_lock(paths, deadline):
+            if paths.socket.exists():
+                return
+            proc = spawn_server(server_argv, paths.log)
+            while not paths.socket.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(CONNECT_POLL_S)
+    except SharedUnavailable as e:
+        logger.info("no head start for the shared server (%s); the relay tries again", e)
 
 
 def child_upstream(argv: list[str]) -> Upstream:

@@ -13,7 +13,6 @@ Imports: kb_config; lazily: kb_relay, kb_shared, kb_live, kb_tools, kb_engine, k
 import argparse
 import contextlib
 import errno
-import inspect
 import json
 import logging
 import os
@@ -86,6 +85,8 @@ def build_server(kb: "KnowledgeBase") -> Any:
     library loading in the background then lands on stderr, never in the protocol).
     (No `from __future__ import annotations` in this module, so the tool annotations below resolve to these names.)
     """
+    import inspect
+
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -303,7 +304,7 @@ def forwarded_args(args: argparse.Namespace) -> list[str]:
 
 def relay(cfg: Config, args: argparse.Namespace) -> int:
     """Relay this stdio session to the shared server (started if none runs); serve in-process if none can be had."""
-    from kb_relay import SharedUnavailable, exec_pump, identity_key, prepare_runtime_dir, run_relay
+    from kb_relay import SharedUnavailable, exec_pump, identity_key, prepare_runtime_dir, run_relay, shared_paths, start_if_absent
 
     assert cfg.runtime_dir is not None
     fwd = forwarded_args(args)
@@ -320,6 +321,7 @@ def relay(cfg: Config, args: argparse.Namespace) -> int:
         "server_argv": [sys.executable, str(SCRIPT), "--serve-shared", key, *fwd],
         "fallback_argv": [sys.executable, str(SCRIPT), "--no-shared", *fwd],
     }
+    start_if_absent(shared_paths(cfg.runtime_dir, key), plan["server_argv"])  # a cold server starts before the exec
     try:
         exec_pump(plan)  # never returns: the config, YAML and argparse this process loaded are not needed any more
     except OSError as e:
