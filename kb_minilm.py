@@ -84,7 +84,7 @@ def find_bundled_model() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        folder = Path(location) / MINILM_PACKAGE_FOLDER
+        folder = Path(location).resolve() / MINILM_PACKAGE_FOLDER  # resolved, as the package's own get_model_path()
         if (folder / "model.safetensors").is_file():
             return folder
     return None
