@@ -396,9 +396,10 @@ def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int
 def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[str, dict]:
     """Compact, citeable text for the model, plus the same as structured content; cut to the response budget.
 
-    One entry per note: `path:lines` (every matching passage, merged), heading, its translation, which
-    strings found it, and a snippet; then the tail, one line per further candidate note. Below the relevance gate the
-    same entries come under one sentence saying they are low confidence: the client judges.
+    One entry per note: `path:lines` (every matching passage, merged), heading, which strings found it, a snippet,
+    and its translation on a numbered line of its own; then the tail, one line per further candidate note (and its
+    translation), within LISTING_CHARS. Below the relevance gate the same entries come under one sentence saying they
+    are low confidence: the client judges.
     """
     structured: dict[str, Any] = {
         "query": result.query,
