@@ -153,7 +153,8 @@ def test_register_script_registers_the_installed_command_with_its_config(install
         "embedding:\n  model: hash-embedder\nserver:\n  name: sb-installed\n",
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_"))}
+    # XDG_RUNTIME_DIR stays: the test run's own folder for the shared server claude's relay starts (conftest stops it).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_")) or k == "XDG_RUNTIME_DIR"}
     env.update(CLAUDE_ENV, HOME=str(home), XDG_CONFIG_HOME=str(xdg))
     command = installed / "bin" / "second-brain-mcp"
 
