@@ -161,7 +161,8 @@ class Background:
     ) -> tuple[Ranked, dict[str, str]]:
         """`fused` with each of the first `head_notes` notes' translation beside it (the one in the query's language
         first, unless only the other is `named`: it holds the identifier or is the [[link]] the query names), and the
-        pairs found (each note of a pair -> the other). `model` is a multilingual model's name.
+        pairs found (each note of a pair -> the other). A translation the search did not find stands for itself with
+        its passage nearest the found one. `model` is a multilingual model's name.
 
         Two notes are translations when each is the other's nearest note in the other language (whole notes: the mean
         of their chunks' vectors; two languages rarely chunk a text alike), they have the same headings at the same
@@ -193,7 +194,8 @@ class Background:
             if a is None or b is None or not b.chunks or not _same_shape(path, a.headings, other, b.headings):
                 continue
             pairs.update({path: other, other: path})
-            chunk_of.setdefault(other, b.chunks[0])  # one already among the first notes keeps its own chunk
+            if other not in chunk_of:  # one already among the first notes keeps its own chunk
+                chunk_of[other] = self._aligned(chunk_of[path], b.chunks, model)
         if not pairs:
             return fused, {}
         # Each pair sits together where its first note was, the note in the query's language first.
@@ -210,6 +212,17 @@ class Background:
             out.extend(p for p in pair if p[0] not in done)
             done.update(p[0] for p in pair)
         return out, pairs
+
+    def _aligned(self, chunk_id: str, others: Sequence[str], model: str) -> str:
+        """The chunk of `others` (a translation's chunks) nearest in `model`'s meaning to `chunk_id`: the passage that
+        says what the found one says; the first when vectors are missing."""
+        stored = self.view.vectors_of([chunk_id, *others])
+        if chunk_id not in stored:
+            return others[0]
+        slots, _ = model_slots(self.embedder, model)
+        v = stored[chunk_id][slots]
+        held = [c for c in others if c in stored]
+        return max(held, key=lambda c: float(stored[c][slots] @ v)) if held else others[0]
 
     def notes_for(self, model: str) -> int:
         """Build the notes' vectors in `model`'s slots now (the translation step's first use); returns how many."""

@@ -78,7 +78,9 @@ class ChromaVectorStore:
                     from chromadb.config import Settings
                 except ImportError as e:
                     raise VectorStoreUnavailableError(
-                        f"chromadb is not installed ({e}); run: pip install -r requirements.txt"
+                        f"vector_store.mode http needs Chroma's client, which is not installed ({e}); run: "
+                        "pip install -r requirements-chroma.txt (from the clone; installed with pipx: "
+                        "pipx inject second-brain-mcp -r requirements-chroma.txt)"
                     ) from e
                 with self._translated("connecting"):
                     client = chromadb.HttpClient(

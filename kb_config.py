@@ -30,6 +30,7 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_CONFIG               which config file to read (entry scripts also take --config PATH)
 #   XDG_CONFIG_HOME         where an installed command looks for second-brain-mcp/config.yaml (default ~/.config)
 #   XDG_DATA_HOME           where an installed command keeps its index when data_dir is unset (~/.local/share)
+#   XDG_RUNTIME_DIR         where the shared server's socket folder goes (else /tmp/second-brain-mcp-<uid>)
 #   KB_DIR                  kb_dir
 #   KB_DATA_DIR             data_dir
 #   KB_TOP_K                search.top_k
@@ -54,7 +55,11 @@ ENV_CONFIG = "KB_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SEARCH_MODES = ("hybrid", "keyword", "semantic")
 # Keys earlier versions wrote into config.yaml: accepted with a warning, so an old config still loads.
-RETIRED_KEYS = {"search.min_cosine": "the relevance gate calibrates itself per vault and model; see search.gate_margin"}
+RETIRED_KEYS = {
+    "search.min_cosine": "the relevance gate calibrates itself per vault and model; see search.gate_margin",
+    "search.semantic_weight": "reciprocal rank fusion depends only on the ratio of the weights; set search.keyword_weight "
+    "(the keyword lists' weight against the models' lists)",
+}
 VECTOR_STORE_MODES = ("local", "http")
 
 
@@ -146,14 +151,13 @@ FIELDS: tuple[_Field, ...] = (
     _Field("embedding.batch_size", "embed_batch_size", int, 32, "KB_EMBED_BATCH_SIZE", _range(1, 4096)),
     _Field("bm25.index_file", "bm25_index_file", str, "", "KB_BM25_INDEX_FILE"),
     _Field("bm25.metadata_weight", "metadata_weight", int, 1, None, _range(0, 10)),
-    _Field("search.top_k", "top_k", int, 5, "KB_TOP_K", _range(1, 50)),
+    _Field("search.top_k", "top_k", int, 4, "KB_TOP_K", _range(1, 50)),
     _Field("search.mode", "search_mode", str, "hybrid", "KB_SEARCH_MODE", _one_of(SEARCH_MODES)),
     _Field("search.candidates", "candidates", int, 40, None, _range(1, 1000)),
     _Field("search.rrf_k", "rrf_k", int, 10, None, _range(1, 1000)),
     _Field("search.keyword_weight", "keyword_weight", float, 1.0, None, _range(0.0, 10.0)),
-    _Field("search.semantic_weight", "semantic_weight", float, 1.0, None, _range(0.0, 10.0)),
     _Field("search.gate_margin", "gate_margin", float, 0.9, "KB_GATE_MARGIN", _range(0.0, 5.0)),
-    _Field("search.snippet_chars", "snippet_chars", int, 360, None, _range(40, 5000)),
+    _Field("search.snippet_chars", "snippet_chars", int, 240, None, _range(40, 5000)),
     _Field("search.max_response_chars", "max_response_chars", int, 12_000, None, _range(1000, 200_000)),
     _Field("rerank.model", "rerank_model", str, "", "KB_RERANK_MODEL"),
     _Field("rerank.candidates", "rerank_candidates", int, 20, None, _range(1, 200)),
@@ -163,6 +167,8 @@ FIELDS: tuple[_Field, ...] = (
     _Field("server.log_level", "log_level", str, "INFO", "KB_LOG_LEVEL", _one_of(LOG_LEVELS)),
     _Field("server.token", "server_token", str, "", "KB_SERVER_TOKEN"),
     _Field("server.allowed_hosts", "allowed_hosts", list, [], None, _str_list),
+    _Field("server.shared", "shared", bool, True),
+    _Field("server.idle_exit", "idle_exit_s", float, 300.0, None, _range(0.0, 604800.0)),
     _Field("write.writable", "writable", list, ["inbox.md"], "KB_WRITABLE", _str_list),
     _Field("write.creatable", "creatable", list, [], None, _str_list),
     _Field("write.max_append_chars", "max_append_chars", int, 20_000, None, _range(1, 1_000_000)),
@@ -195,14 +201,13 @@ class Config:
     embed_device: str = "auto"
     embed_batch_size: int = 32
     metadata_weight: int = 1
-    top_k: int = 5
+    top_k: int = 4
     search_mode: str = "hybrid"
     candidates: int = 40
     rrf_k: int = 10
     keyword_weight: float = 1.0
-    semantic_weight: float = 1.0
     gate_margin: float = 0.9
-    snippet_chars: int = 360
+    snippet_chars: int = 240
     max_response_chars: int = 12_000
     rerank_model: str = ""
     rerank_candidates: int = 20
@@ -212,6 +217,8 @@ class Config:
     log_level: str = "INFO"
     server_token: str = field(default="", repr=False)  # bearer token for --transport http; never printed or logged
     allowed_hosts: tuple[str, ...] = ()
+    shared: bool = True  # stdio sessions attach to one shared server per vault and config (kb_relay, kb_shared)
+    idle_exit_s: float = 300.0  # the shared server exits after this long with no session attached
     writable: tuple[str, ...] = ("inbox.md",)
     creatable: tuple[str, ...] = ()
     max_append_chars: int = 20_000
@@ -224,6 +231,7 @@ class Config:
     chroma_prefix: str = "sb-"
     source: str = field(default="defaults", compare=False)  # the config file used, for messages
     cache_dir: Path | None = field(default=None, compare=False)  # jieba's dictionary cache (user_cache_dir)
+    runtime_dir: Path | None = field(default=None, compare=False)  # the shared servers' sockets (user_runtime_dir)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -295,6 +303,16 @@ def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
     if os.name == "nt" and env.get("LOCALAPPDATA"):
         return Path(env["LOCALAPPDATA"]) / APP_NAME
     return Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / APP_NAME
+
+
+def user_runtime_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the shared servers' sockets, locks, pid files and logs live (kb_relay checks it is private): a folder in
+    $XDG_RUNTIME_DIR, else /tmp/second-brain-mcp-<uid> (short: a Unix socket's path is limited to 107 bytes)."""
+    env = os.environ if env is None else env
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / APP_NAME
+    uid = os.getuid() if hasattr(os, "getuid") else 0  # Windows serves in-process (kb_relay) and never uses it
+    return Path(f"/tmp/{APP_NAME}-{uid}")
 
 
 def config_candidates(env: Mapping[str, str] | None = None) -> list[Path]:
@@ -422,6 +440,7 @@ def load_config(
     out["extensions"] = tuple(e.lower() for e in out["extensions"])
     out["source"] = str(cfg_path) if cfg_path else "defaults"
     out["cache_dir"] = user_cache_dir(env)
+    out["runtime_dir"] = user_runtime_dir(env)
     return Config(**out)
 
 

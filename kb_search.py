@@ -14,7 +14,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from kb_engine import Engine
 from kb_filter import NoteFilter
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
-from kb_text import cjk_share
+from kb_text import CJK_CHARS, cjk_share
 from kb_vectors import PartQuery, embed_query_parts, embedder_parts, is_english_only
 from kb_view import ChunkPredicate
 
@@ -40,12 +40,17 @@ _LATIN_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 # An identifier among a query's tokens: letters with digits or with inner . _ - / : (an error code, ticket id, path,
 # host name, a random string). The notes holding it come first (see Searcher._exact_notes).
 _IDENTIFIER_RE = re.compile(r"(?=[^\s]*[a-z])(?=[^\s]*(?:[0-9]|[a-z0-9][._\-/:][a-z0-9]))[a-z0-9._\-/:]{3,}")
-# Notes named as low-confidence pointers when a search abstains.
-CLOSEST_ON_ABSTAIN = 3
+# Further candidate notes a reply lists after its hits, one line each without a snippet (the client opens them).
+TAIL_NOTES = 10
 # Score step between a linked note's chunks the search did not find (they follow its found ones in note order).
 LINKED_TAIL_STEP = 1e-6
-# Characters of context kept before the first matched term in a snippet.
+# Characters of context kept before the first matched term when the matching sentence is longer than half a snippet.
 SNIPPET_LEAD_CHARS = 60
+# A character a snippet counts twice: CJK, and the full-width punctuation that goes with it.
+_WIDE_RE = re.compile(f"[{CJK_CHARS}\u3000-\u303f\uff00-\uffef]")
+# A sentence of a snippet's text: up to the end of a line or of a sentence (. ! ? before a space, or 。！？；;); a dot
+# inside a name (ls.md, e.g.x) does not end one.
+_SENTENCE_RE = re.compile(r"(?:[^\n.!?。！？；;]|[.!?](?!\s|$))+[.!?。！？；;]?")
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,8 @@ class Tuning:
     cross_pool: int = 8
     # A model whose best cosine does not stand out from the vault's background is fused at this share of its weight.
     quiet_weight: float = 0.5
-    # At most this many chunks of one note in the results; the first this many notes bring their translation.
+    # At most this many passages of one note make its entry's lines.
     chunks_per_note: int = 2
-    translation_notes: int = 5
     # The notes holding every identifier of the query go first when at most this many hold them (a default answer's
     # size): more is no longer exact evidence (node_modules, SHA-256 in a dozen notes). Not the top_k a call asks
     # for, so a longer list starts with the same notes (with top_k 10: tldr 0.594 -> 0.606, docs/retrieval.md).
@@ -109,41 +113,51 @@ class _Probe:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result: where it is (note, heading path, lines), a bounded snippet and the scores."""
+    """One note in the results: its matching passages (the best one's heading path and lines, and every one's lines,
+    merged), the best passage's snippet, the scores, its translation (folded in: it takes no entry of its own) and
+    which strings found it."""
 
     path: str
     title: str
     heading_path: str
-    line_start: int
+    line_start: int  # the best passage's lines
     line_end: int
-    snippet: str
-    score: float  # fused reciprocal-rank score (or the single path's score in keyword/semantic mode)
-    keyword_rank: int | None  # 1-based rank in the BM25 list, None if BM25 did not find it
-    cosine: float | None  # cosine similarity to the query, None without vectors
+    snippet: str  # around the best passage's matching sentence ("" for a note in the reply's tail)
+    score: float  # fused reciprocal-rank score of the best passage (or the single path's score in keyword/semantic mode)
+    keyword_rank: int | None  # 1-based rank of the best passage in the query's BM25 list, None if BM25 did not find it
+    cosine: float | None  # the best passage's cosine similarity to the query, None without vectors
     chunk_id: str
-    translation_of: str | None = None  # the note of an earlier hit this note translates (hybrid mode's translation step)
+    ranges: tuple[tuple[int, int], ...] = ()  # the lines of every matching passage, overlapping and adjacent merged
+    translation: str | None = None  # the same text in the other language (kb_background.translations)
+    translation_ranges: tuple[tuple[int, int], ...] = ()  # the lines of its passages the search found, if any
     found_by: tuple[str, ...] = ()  # which strings found it: "query", "alternative 1", ...
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["score"] = round(self.score, 5)
         d["cosine"] = None if self.cosine is None else round(self.cosine, 4)
+        d["ranges"] = [list(r) for r in self.ranges]
+        d["translation_ranges"] = [list(r) for r in self.translation_ranges]
         return d
 
 
 @dataclass
 class SearchResult:
-    """Hits best first; `abstained` when nothing passed the relevance gate; `notes` explain degradations."""
+    """Notes best first: `hits` with snippets, then `more` (the reply's tail, one line each); `abstained` when none
+    passed the relevance gate (they are shown all the same, as low confidence); `notes` explain degradations."""
 
     query: str
     mode: str
     hits: list[Hit]
     abstained: bool
     notes: list[str] = field(default_factory=list)
-    closest: list[str] = field(default_factory=list)  # on abstain: the nearest notes, as low-confidence pointers
     elapsed_ms: float = 0.0
     alternatives: list[str] = field(default_factory=list)  # the client's other strings, as searched
-    low_confidence: list[Hit] = field(default_factory=list)  # on abstain: the nearest passages, to judge
+    more: list[Hit] = field(default_factory=list)  # further candidate notes, no snippet
+
+    def ranked_notes(self) -> list[str]:
+        """Every note the result names, in reading order: each hit, then its translation; then the tail's."""
+        return list(dict.fromkeys(p for h in [*self.hits, *self.more] for p in (h.path, h.translation) if p))
 
 
 class Searcher:
@@ -382,30 +396,25 @@ class Searcher:
         mean_cos: dict[str, float] = {}  # the hit's cosine: the mean of the models' cosines (the one model's, with one)
         if cosines:
             mean_cos = {cid: sum(got) / len(got) for cid in head if (got := [c[cid] for c in cosines if cid in c])}
-        closest: list[str] = []
-        low: list[Hit] = []
-        if not relevant:  # abstain, but show the nearest passages as low-confidence pointers
-            closest = list(dict.fromkeys(view.paths_of(head).values()))
-            low = self._collect(fused, CLOSEST_ON_ABSTAIN, kw_rank, mean_cos, query_probe.tokens, {}, found_by, probes)
-            fused = []
         if self.cfg.rerank_model and fused:
             fused = self._rerank(text, fused, notes)
             if linked:  # the cross-encoder reads the words only: the named notes stay first
                 fused = self._linked_first(view.present(fused), linked, accept)
+        # Below the gate nothing is hidden: the same notes are shown, marked low confidence (the client judges).
+        found = {cid for cid, _ in fused}
         pairs: dict[str, str] = {}
         if mode == "hybrid" and fused:
-            fused, pairs = self._with_translations(fused, lists, query_probe.cjk, {*exact, *linked})
-        hits = self._collect(fused, top_k, kw_rank, mean_cos, query_probe.tokens, pairs, found_by, probes)
+            fused, pairs = self._with_translations(fused, lists, query_probe.cjk, {*exact, *linked}, top_k + TAIL_NOTES)
+        hits, more = self._collect(fused, found, top_k, kw_rank, mean_cos, pairs, found_by, probes)
         return SearchResult(
             query,
             mode,
             hits,
-            abstained=not hits,
+            abstained=not relevant or not hits,
             notes=notes,
-            closest=closest[:CLOSEST_ON_ABSTAIN],
             elapsed_ms=(time.perf_counter() - t0) * 1000,
             alternatives=[p.text for p in probes[1:]],
-            low_confidence=low,
+            more=more,
         )
 
     def _exact_notes(self, tokens: list[str], accept: ChunkPredicate | None) -> list[str]:
@@ -425,7 +434,7 @@ class Searcher:
         return holders or []
 
     def _with_translations(
-        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList], query_cjk: bool, named: set[str]
+        self, fused: list[tuple[str, float]], lists: Sequence[_SemanticList], query_cjk: bool, named: set[str], head: int
     ) -> tuple[list[tuple[str, float]], dict[str, str]]:
         """`fused` with each head note's translation beside it, the one in the query's language first (a `named` note,
         which holds the query's identifier or is its [[link]], before its translation, which does not), and the pairs
@@ -433,7 +442,7 @@ class Searcher:
         model = next((sl for sl in lists if not sl.cross and sl.trusted and not is_english_only(sl.part.model)), None)
         if model is None:
             return fused, {}
-        return self._background.translations(fused, model.part.model, query_cjk, self.tuning.translation_notes, named)
+        return self._background.translations(fused, model.part.model, query_cjk, head, named)
 
     def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
         """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
@@ -487,7 +496,7 @@ class Searcher:
                 weight = tune.cross_weight if sl.cross else 1.0 if sl.trusted else probes[sl.probe].latin_share
                 if mode == "hybrid" and (sl.probe, sl.part.model) in quiet:
                     weight *= tune.quiet_weight
-                ranked.append((self.cfg.semantic_weight * weight, sl.probe, sl.hits))
+                ranked.append((weight, sl.probe, sl.hits))
         if mode != "hybrid" and len(ranked) == 1:  # one list: its own scores
             only = ranked[0][2]
             return list(only), {cid: {ranked[0][1]} for cid, _ in only}
@@ -522,51 +531,73 @@ class Searcher:
     def _collect(
         self,
         ranked: list[tuple[str, float]],
+        found: set[str],
         top_k: int,
         kw_rank: dict[str, int],
         cos: dict[str, float],
-        tokens: list[str],
-        pairs: dict[str, str] | None = None,
-        found_by: dict[str, set[int]] | None = None,
-        probes: Sequence[_Probe] = (),
-    ) -> list[Hit]:
-        """The hits: at most Tuning.chunks_per_note chunks of a note; a note whose translation came earlier says so;
-        each says which strings found it."""
-        hits: list[Hit] = []
-        pairs = pairs or {}
-        found_by = found_by or {}
-        first: dict[str, int] = {}  # note -> the order of its first hit
-        per_note: dict[str, int] = {}
+        pairs: dict[str, str],
+        found_by: dict[str, set[int]],
+        probes: Sequence[_Probe],
+    ) -> tuple[list[Hit], list[Hit]]:
+        """One entry per note (a note and its translation are one entry, the first of the two in `ranked` leading):
+        the first `top_k` with a snippet, the next TAIL_NOTES without. An entry's lines are those of its passages the
+        search `found` (at most Tuning.chunks_per_note per note; a translation it did not find: the passage `ranked`
+        stands it for); its snippet is cut around the sentence that best matches the query and the strings that found
+        the entry."""
         chunks = self.view.chunks_by_id(cid for cid, _ in ranked)
-        records = self.view.records({c.path for c in chunks.values()})
+        groups: dict[str, dict[str, list[tuple[str, float]]]] = {}  # leading note -> {note: its passages, best first}
+        lead_of: dict[str, str] = {}
+        wanted = top_k + TAIL_NOTES
         for cid, score in ranked:
             c = chunks.get(cid)
-            if c is None or per_note.get(c.path, 0) >= self.tuning.chunks_per_note:
+            if c is None:
                 continue
-            per_note[c.path] = per_note.get(c.path, 0) + 1
-            first.setdefault(c.path, len(first))
-            partner = pairs.get(c.path)
-            rec = records.get(c.path)
-            by = tuple(_probe_name(i) for i in sorted(found_by.get(cid, ()))) if len(probes) > 1 else ()
+            lead = lead_of.get(c.path)
+            if lead is None:
+                if len(groups) >= wanted:
+                    continue
+                lead = c.path
+                groups[lead] = {}
+                lead_of[lead] = lead
+                if pairs.get(lead):
+                    lead_of[pairs[lead]] = lead
+            passages = groups[lead].setdefault(c.path, [])
+            if (cid in found or not passages) and len(passages) < self.tuning.chunks_per_note:
+                passages.append((cid, score))
+        records = self.view.records(groups)
+        probe_tokens = {p.index: p.tokens for p in probes}
+        weights = self.view.term_weights({t for ts in probe_tokens.values() for t in ts})
+        hits: list[Hit] = []
+        for n, (lead, members) in enumerate(groups.items()):
+            own = members[lead]
+            partner = pairs.get(lead)
+            best, score = own[0]
+            c = chunks[best]
+            rec = records.get(lead)
+            by = sorted({i for m in members.values() for cid, _ in m for i in found_by.get(cid, ())})
+            snippet = ""
+            if n < top_k:
+                tokens = [t for i in sorted({0, *by}) for t in probe_tokens.get(i, ())]
+                snippet = make_snippet(c, tokens, self.cfg.snippet_chars, weights)
             hits.append(
                 Hit(
-                    c.path,
-                    rec.title if rec else c.path,
+                    lead,
+                    rec.title if rec else lead,
                     c.heading_path,
                     c.line_start,
                     c.line_end,
-                    make_snippet(c, tokens, self.cfg.snippet_chars),
+                    snippet,
                     score,
-                    kw_rank.get(cid),
-                    cos.get(cid),
-                    cid,
-                    partner if partner in first and first[partner] < first[c.path] else None,
-                    by,
+                    kw_rank.get(best),
+                    cos.get(best),
+                    best,
+                    merge_ranges((chunks[cid].line_start, chunks[cid].line_end) for cid, _ in own),
+                    partner,
+                    merge_ranges((chunks[cid].line_start, chunks[cid].line_end) for cid, _ in members.get(partner or "", ())),
+                    tuple(_probe_name(i) for i in by) if len(probes) > 1 else (),
                 )
             )
-            if len(hits) >= top_k:
-                break
-        return hits
+        return hits[:top_k], hits[top_k:]
 
     # ---- optional cross-encoder -----------------------------------------------------------------------------
 
@@ -596,17 +627,60 @@ class Searcher:
 
 
 def _probe_name(index: int) -> str:
-    return "query" if index == 0 else f"alternative {index}"
+    return "query" if index == 0 else f"alt {index}"
 
 
-def make_snippet(chunk: ChunkRecord, tokens: list[str], max_chars: int) -> str:
-    """The chunk text around its first query-term match, at most `max_chars` characters, whitespace folded."""
-    text = re.sub(r"\s+", " ", chunk.text).strip()
-    if len(text) <= max_chars:
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Line ranges in order, overlapping and adjacent ones merged: [(34, 50), (38, 57), (88, 95)] -> ((34, 57), (88, 95))."""
+    out: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return tuple((a, b) for a, b in out)
+
+
+def make_snippet(chunk: ChunkRecord, tokens: Sequence[str], max_chars: int, weights: dict[str, float] | None = None) -> str:
+    """The chunk's text from the sentence (or line) whose snippet holds the most of `tokens`, each weighted by
+    `weights` (its idf), the middle one of equals (centred on where they are); whitespace folded, at most `max_chars` wide: a CJK character counts
+    two (it says as much as two or three Latin letters, so a Chinese snippet holds about what an English one does).
+    From the start when no sentence holds any of `tokens`."""
+    text = _fold(chunk.text)
+    wide = np.zeros(len(text) + 1, dtype=np.int64)  # wide[i]: the width of text[:i]
+    np.cumsum([2 if _WIDE_RE.match(ch) else 1 for ch in text], out=wide[1:])
+    if wide[-1] <= max_chars:
         return text
+    room = max_chars - 2  # the ellipses
     low = text.lower()
-    positions = [low.find(t) for t in tokens if len(t) > 1 and low.find(t) >= 0]
-    start = max(0, min(positions) - SNIPPET_LEAD_CHARS) if positions else 0
-    start = min(start, len(text) - max_chars)
-    piece = text[start : start + max_chars - 2]
-    return ("…" if start else "") + piece + ("…" if start + len(piece) < len(text) else "")
+    words = [t for t in dict.fromkeys(t.lower() for t in tokens) if len(t) > 1 or cjk_share(t) == 1.0]
+    words = [w for w in words if w in low]
+    weights = weights or {}
+
+    def end_of(start: int) -> int:
+        return int(np.searchsorted(wide, wide[start] + room, side="right")) - 1
+
+    starts, at = [], 0
+    for m in _SENTENCE_RE.finditer(chunk.text):
+        sentence = _fold(m.group())
+        found = text.find(sentence, at)
+        if not sentence or found < 0:
+            continue
+        at = found + len(sentence)
+        starts.append((found, at))
+        if end_of(found) < at:  # a sentence longer than the snippet: also from just before its first match
+            inside = [i for w in words if (i := low.find(w, found, at)) >= 0]
+            if inside and min(inside) - SNIPPET_LEAD_CHARS > found:
+                starts.append((min(inside) - SNIPPET_LEAD_CHARS, at))
+    scores = [sum(weights.get(w, 1.0) for w in words if w in low[s : end_of(s)]) for s, _ in starts]
+    best = max(scores, default=0.0)
+    tied = [s for (s, _), score in zip(starts, scores) if score == best and best > 0]
+    start = tied[(len(tied) - 1) // 2] if tied else 0
+    # start no later than where the rest of the text still fills the snippet
+    start = max(0, min(start, int(np.searchsorted(wide, wide[-1] - room))))
+    end = end_of(start)
+    return ("…" if start else "") + text[start:end] + ("…" if end < len(text) else "")
+
+
+def _fold(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from kb_config import Config, KBError
@@ -29,6 +31,13 @@ QUOTE_CHARS = 120
 CUT_MARK = "\n[cut to fit the response budget]"
 # Room a reply that may be cut keeps for the remark saying so and how to get the rest (each is under 160 characters).
 REMARK_ROOM = 200
+# Room a search reply keeps for its first line's fixed words (the query and the alternatives are counted apart).
+HEAD_ROOM = 200
+# Characters of a search reply's listing (its entries and the tail of further notes): about a reply's length before
+# the tail (1,857-1,912 characters on the three dev sets), which the tail fills with more distinct notes.
+LISTING_CHARS = 1700
+# The line that opens the tail.
+TAIL_HEAD = "\nMore candidates (path:lines · heading), no snippet; read_note opens one:"
 # Room read_note keeps for its header's fixed words (the longest: a cut line's notice plus the "call again" remark);
 # the path, the section note and the line numbers are counted apart.
 READ_HEADER_ROOM = 260
@@ -70,6 +79,8 @@ class KnowledgeBase:
     def __init__(self, cfg: Config, embedder: Embedder | None = None, live: LiveIndex | None = None) -> None:
         self.cfg = cfg
         self.live = live or LiveIndex(cfg, embedder)
+        # How this session is served (shared or in-process, sessions attached), for index_status; set by mcp_server.
+        self.serving: Callable[[], dict] = lambda: {"mode": "in-process"}
 
     def start(self) -> None:
         self.live.start()
@@ -342,6 +353,7 @@ class KnowledgeBase:
             "freshness": dict(self.live.counts, file_events=self.live.changes.events if self.live.changes else 0),
             "writable": list(self.cfg.writable),
             "creatable": list(self.cfg.creatable),
+            "serving": self.serving(),
         }
         skipped = engine.skipped_files()
         info["vault"] = engine.vault_profile()
@@ -384,56 +396,104 @@ def _section_bounds(lines: list[str], heading: str, norm: str) -> tuple[int, int
 
 
 def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[str, dict]:
-    """Compact, citeable text for the model, plus the same as structured content; cut to the response budget."""
+    """Compact, citeable text for the model, plus the same as structured content; cut to the response budget.
+
+    One entry per note: `path:lines` (every matching passage, merged), heading, which strings found it, a snippet,
+    and its translation on a numbered line of its own; then the tail, one line per further candidate note (and its
+    translation), within LISTING_CHARS. Below the relevance gate the same entries come under one sentence saying they
+    are low confidence: the client judges.
+    """
     structured: dict[str, Any] = {
         "query": result.query,
         "mode": result.mode,
         "abstained": result.abstained,
         "hits": [],
+        "more": [],
         "notes": notes,
         "truncated": False,
     }
-    if result.abstained:
+    count = len(result.hits) + len(result.more)
+    if not count:
         text = (
-            f'Nothing relevant in the notes for "{result.query}": no note passed the relevance threshold, so the '
-            "notes do not seem to cover this. Say so rather than guess from them, or search again with other words "
-            "(for example the terms the notes would use, or the other language)."
+            f'Nothing in the notes matches "{result.query}": no passage shares its words or meaning. Tell the user the '
+            "notes do not cover it, or search again with other words (the terms a note would use, the other language)."
         )
-        if result.closest:
-            text += " Nearest notes, low confidence: " + ", ".join(result.closest) + "."
-        structured["closest"] = result.closest
-        structured["low_confidence"] = [h.as_dict() for h in result.low_confidence]
-        parts = [text, *notes]
-        if result.low_confidence:
-            parts.append("Nearest passages (low confidence, probably not an answer; judge them yourself):")
-            for i, h in enumerate(result.low_confidence, 1):
-                parts.append(f"[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}\n{h.snippet}")
-        return fit("\n".join(parts), budget), structured
-    head = f'{len(result.hits)} hits for "{result.query}" ({result.mode}); cite as path:lines'
+        return fit("\n".join([text, *notes]), budget), structured
+    alternatives = ""
     if result.alternatives:
-        head += "; also searched: " + "; ".join(f'[alternative {i}] "{a}"' for i, a in enumerate(result.alternatives, 1))
+        alternatives = "\nAlso searched: " + "; ".join(f'alt {i} "{a}"' for i, a in enumerate(result.alternatives, 1))
         structured["alternatives"] = result.alternatives
-    parts = [head, *notes]
-    room = Budget(budget, *parts)
-    first_hit: dict[str, int] = {}  # note -> the number of its first hit
-    score_label = "fused" if result.mode == "hybrid" else "score"  # keyword alone: BM25's own score
-    for i, h in enumerate(result.hits, 1):
-        first_hit.setdefault(h.path, i)
-        scores = (
-            f"{score_label} {h.score:.4f}"
-            + (f", keyword #{h.keyword_rank}" if h.keyword_rank else "")
-            + (f", cosine {h.cosine:.2f}" if h.cosine is not None else "")
-        )
-        of = f" · translation of [{first_hit[h.translation_of]}]" if h.translation_of in first_hit else ""
+    room = Budget(budget, " " * HEAD_ROOM, result.query, alternatives, *notes)
+    body: list[str] = []
+    n = 0  # the number of the last path listed (a translation has its own, right after its note's)
+    for h in result.hits:
         by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
-        block = f"\n[{i}] {h.path}:{h.line_start}-{h.line_end} · {h.heading_path or h.title}{of} · {scores}{by}\n{h.snippet}"
+        block = f"\n[{n + 1}] {_where(h)}{_label(h)}{by}\n{h.snippet}{_also(h, n + 1, True)}"
         if not room.take(block):
-            structured["truncated"] = True
-            parts.append(
-                f"\n({len(result.hits) - i + 1} more hits cut to fit the response budget; lower top_k or narrow "
-                "with path_prefix, and use read_note to open a hit)"
-            )
             break
-        parts.append(block)
+        n += 2 if h.translation else 1
+        body.append(block)
         structured["hits"].append(h.as_dict())
-    return fit("\n".join(parts), budget), structured
+    # The tail: one line per further note, while the listing (less which strings found each entry) stays within
+    # LISTING_CHARS (today's reply's length: more distinct notes in the same space) and the response budget.
+    if len(body) == len(result.hits) and result.more:
+        labels = sum(len(", ".join(h.found_by)) + len(" · found by ") for h in result.hits if h.found_by)
+        used = sum(len(b) + 1 for b in body) - labels + len(TAIL_HEAD) + 1  # the client's strings' labels aside
+        lines = []
+        for h in result.more:
+            line = f"[{n + 1}] {_where(h)}{_label(h)}{_also(h, n + 1, False)}"
+            if used + len(line) + 1 > LISTING_CHARS or not room.take(line):
+                break
+            n += 2 if h.translation else 1
+            used += len(line) + 1
+            lines.append(line)
+            structured["more"].append(h.as_dict())
+        if lines:
+            body += [TAIL_HEAD, *lines]
+    if result.abstained:
+        head = (
+            f'Low confidence for "{result.query}" ({result.mode}): no passage passed the relevance check, so the notes '
+            "may not cover this. Use a note below (or its translation) only if it plainly answers; else say the notes do "
+            "not cover it."
+        )
+    else:
+        head = (
+            f'{n} notes for "{result.query}" ({result.mode}), best first; a translation answers as its note does. '
+            "Judge which answer; cite path:lines."
+        )
+    if len(structured["hits"]) < len(result.hits):
+        structured["truncated"] = True
+        body.append(
+            f"\n({len(result.hits) - len(structured['hits'])} more notes cut to fit the response budget; lower top_k or "
+            "narrow with path_prefix, and use read_note to open a note)"
+        )
+    return fit("\n".join([head + alternatives, *notes, *body]), budget), structured
+
+
+def _lines(ranges: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in ranges)
+
+
+def _where(h: Any) -> str:
+    """`path:34-57, 88-95` for a hit (its best passage's lines when it has no ranges)."""
+    return f"{h.path}:{_lines(h.ranges or ((h.line_start, h.line_end),))}"
+
+
+def _label(h: Any) -> str:
+    """· the best passage's heading path, less the note's title (the path names the note); the title alone when it
+    says more than the file name; else nothing."""
+    parts = [p for p in h.heading_path.split(" > ") if p]
+    if parts and parts[0] == h.title:
+        parts = parts[1:]
+    label = " > ".join(parts) or (h.title if h.title.casefold() != PurePosixPath(h.path).stem.casefold() else "")
+    return f" · {label[:TITLE_CHARS]}" if label else ""
+
+
+def _also(h: Any, number: int, lines: bool) -> str:
+    """The entry's translation (the same text in the other language) on a line of its own after the entry, numbered
+    as a path the client can pick like any other, but without a snippet of its own: on the entry's line, or under
+    its number, a client picked the entry's path only (the gold holds both); its lines in an entry with a snippet."""
+    if not h.translation:
+        return ""
+    where = f":{_lines(h.translation_ranges)}" if lines and h.translation_ranges else ""
+    return f"\n[{number + 1}] {h.translation}{where} · translation of [{number}]"

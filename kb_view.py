@@ -319,6 +319,11 @@ class IndexView:
         with self.mutex:
             return self.bm25.search(tokens, n, accept)
 
+    def term_weights(self, tokens: Iterable[str]) -> dict[str, float]:
+        """Each distinct token's weight for how much of a query a passage holds (its idf in this vault)."""
+        with self.mutex:
+            return self.bm25.term_idf(dict.fromkeys(tokens))
+
     def coverage(self, tokens: list[str], ids: list[str]) -> dict[str, float]:
         """idf-weighted share of the distinct `tokens` found in each chunk of `ids`."""
         distinct = list(dict.fromkeys(tokens))

@@ -1,27 +1,31 @@
 """MCP server (stdio) over a Markdown vault: search, append-only write-back, note reading; and the --search self-test.
 
-The MCP SDK's own stdio server answers the client as soon as the SDK is imported (about a second); the engine, jieba
-and the model load in a background thread, in the order that gets a keyword answer soonest, and file events keep the
-index fresh (kb_live). Logs go to stderr only: in stdio mode stdout is the protocol.
+In stdio mode (server.shared on) this process is a thin relay (kb_relay) to the one shared server of this vault and
+config, which it starts if none runs (`--serve-shared`, kb_shared): the relay imports only kb_config and the standard
+library, so a second session is answered in a fraction of a second. In-process (--no-shared, Windows, or no shared
+server to be had) the MCP SDK's own stdio server answers the client as soon as the SDK is imported (about a second);
+the engine, jieba and the model load in a background thread, in the order that gets a keyword answer soonest, and
+file events keep the index fresh (kb_live). Logs go to stderr only: in stdio mode stdout is the protocol.
 
-Imports: kb_config, kb_live, kb_tools; lazily: kb_engine, kb_http, kb_scan, kb_search.
+Imports: kb_config; lazily: kb_relay, kb_shared, kb_live, kb_tools, kb_engine, kb_http, kb_scan, kb_search.
 """
 
 import argparse
 import contextlib
 import errno
-import inspect
 import json
 import logging
 import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 from kb_config import SEARCH_MODES, Config, KBError, add_common_args, load_cli_config, pin_blas_threads, setup_logging
-from kb_live import load_model, use_one_malloc_arena
-from kb_tools import KnowledgeBase, fit, format_search, quote
+
+if TYPE_CHECKING:  # imported where used: the relay path must stay light (no SDK, numpy or jieba)
+    from kb_tools import KnowledgeBase
 
 logger = logging.getLogger("mcp_server")
 
@@ -44,6 +48,8 @@ INSTRUCTIONS = (
 
 def os_error_message(e: OSError) -> str:
     """A tool error for an operating-system refusal: what failed, on which path, and what to pass instead."""
+    from kb_tools import quote
+
     where = f" for {quote(e.filename)}" if e.filename else ""
     what = e.strerror or str(e) or type(e).__name__
     if e.errno == errno.ENAMETOOLONG:
@@ -55,10 +61,23 @@ def os_error_message(e: OSError) -> str:
     return f"the file system refused the operation{where}: {what}; {hint}"
 
 
+# The tools' names this module served at import before the relay made it light; imported on first use (PEP 562).
+LAZY_NAMES = {"KnowledgeBase": "kb_tools", "fit": "kb_tools", "format_search": "kb_tools", "quote": "kb_tools"}
+LAZY_NAMES |= {"load_model": "kb_live", "use_one_malloc_arena": "kb_live"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'mcp_server' has no attribute {name!r}")
+
+
 # ---- the MCP server -------------------------------------------------------------------------------------------
 
 
-def build_server(kb: KnowledgeBase) -> Any:
+def build_server(kb: "KnowledgeBase") -> Any:
     """The MCPServer with its six tools; every failure becomes a tool error the model can read.
 
     The SDK is imported here, not at module level, so `--search` and `--help` never pay for it. The knowledge base
@@ -66,13 +85,16 @@ def build_server(kb: KnowledgeBase) -> Any:
     library loading in the background then lands on stderr, never in the protocol).
     (No `from __future__ import annotations` in this module, so the tool annotations below resolve to these names.)
     """
+    import inspect
+
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import CallToolResult, TextContent, ToolAnnotations
     from pydantic import Field
 
     from kb_scan import MAX_MODIFIED_WITHIN_DAYS
-    from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES
+    from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES, TAIL_NOTES
+    from kb_tools import fit
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[dict]:
@@ -137,7 +159,14 @@ def build_server(kb: KnowledgeBase) -> Any:
                 max_length=MAX_ALTERNATIVES,
             ),
         ] = None,
-        top_k: Annotated[int | None, Field(description="Hits to return (default from config, usually 5)", ge=1, le=50)] = None,
+        top_k: Annotated[
+            int | None,
+            Field(
+                description=f"Notes shown with a snippet (default from config, usually 4); {TAIL_NOTES} more follow, one line each",
+                ge=1,
+                le=50,
+            ),
+        ] = None,
         path_prefix: Annotated[str | None, Field(description="Only notes under this folder, e.g. 'projects/'")] = None,
         mode: Annotated[
             str | None,
@@ -152,12 +181,15 @@ def build_server(kb: KnowledgeBase) -> Any:
         date_to: Annotated[str | None, date_to_field] = None,
     ) -> CallToolResult:
         """Search the user's personal notes (Markdown vault; index_status says its languages and folders). Call it
-        before answering anything about the user's own projects, decisions, people, plans, configs or past work, and
-        cite hits as path:lines. Pass `alternatives` (the question in the other language, keywords, the likely name):
-        they find notes the question's own words miss. Returns note path, heading, line range, a short snippet,
-        scores and which strings found each hit; a note's translation is marked "translation of [n]". Says "Nothing
-        relevant" when the notes do not cover the question, with the nearest passages marked low confidence. Use
-        read_note to open a hit in full."""
+        before answering anything about the user's own projects, decisions, people, plans, configs or past work. Pass
+        `alternatives` (the question in the other language, keywords, the likely name): they find notes the question's
+        own words miss.
+        Returns one entry per note, best first: `path:lines` of its matching passages, heading, which strings
+        found it, its translation (the same text in the other language: it answers as the note does), a snippet; then
+        more candidate notes, one line each. The order is the server's guess: read the whole list, judge yourself
+        which notes answer (a candidate's path or heading may be the answer), open promising ones with read_note, and
+        cite path:lines. A reply starting "Low confidence" matched nothing clearly: use a note only if it plainly
+        answers, else tell the user the notes do not cover it."""
         return run(kb.search, query, alternatives, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 
     @tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False))
@@ -222,10 +254,14 @@ def build_server(kb: KnowledgeBase) -> Any:
     return server
 
 
-def serve(cfg: Config) -> int:
-    """Serve MCP over stdio (the SDK's own transport) until the client goes away, then exit at once."""
+def serve(cfg: Config, in_process_reason: str = "") -> int:
+    """Serve MCP over stdio (the SDK's own transport) in this process until the client goes away, then exit at once."""
+    from kb_live import use_one_malloc_arena
+    from kb_tools import KnowledgeBase
+
     use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
+    kb.serving = lambda: {"mode": "in-process", "reason": in_process_reason or "server.shared is off or --no-shared"}
     server = build_server(kb)  # imports the SDK (~0.7 s); `initialize` is answered as soon as run() starts
     try:
         server.run("stdio")
@@ -237,9 +273,129 @@ def serve(cfg: Config) -> int:
     os._exit(0)  # daemon threads (model loading, file events) must not keep a client-less server alive
 
 
+# ---- the shared server and its relay ---------------------------------------------------------------------------
+
+# This script, as the relay starts it again: the shared server (`--serve-shared KEY`) or a private in-process server.
+SCRIPT = Path(__file__).resolve()
+
+
+def shared_off_reason(cfg: Config, no_shared: bool) -> str:
+    """Why this stdio session runs in-process rather than through the shared server ("" when it may share)."""
+    import socket
+
+    if no_shared:
+        return "--no-shared"
+    if not cfg.shared:
+        return "server.shared is false"
+    if os.name == "nt" or not hasattr(socket, "AF_UNIX") or not hasattr(os, "getuid"):
+        return "no shared server on Windows: each session runs its own (see README, Shared server)"
+    return ""
+
+
+def forwarded_args(args: argparse.Namespace) -> list[str]:
+    """The flags that decide the config, absolute, for the processes the relay starts (same config, same key)."""
+    out: list[str] = []
+    if args.config:
+        out += ["--config", str(Path(args.config).expanduser().resolve())]
+    if args.kb_dir:
+        out += ["--kb-dir", str(Path(args.kb_dir).expanduser().resolve())]
+    return out + ["-v"] * args.verbose + (["-q"] if args.quiet else [])
+
+
+def relay(cfg: Config, args: argparse.Namespace) -> int:
+    """Relay this stdio session to the shared server (started if none runs); serve in-process if none can be had."""
+    from kb_relay import SharedUnavailable, exec_pump, identity_key, prepare_runtime_dir, run_relay, shared_paths, start_if_absent
+
+    assert cfg.runtime_dir is not None
+    fwd = forwarded_args(args)
+    try:
+        prepare_runtime_dir(cfg.runtime_dir)
+        key = identity_key(cfg)
+    except SharedUnavailable as e:
+        reason = f"no shared server could be had: {e}"
+        print(f"second-brain-mcp: serving this session in-process ({reason})", file=sys.stderr, flush=True)
+        return serve(cfg, reason)
+    plan = {
+        "runtime_dir": str(cfg.runtime_dir),
+        "key": key,
+        "server_argv": [sys.executable, str(SCRIPT), "--serve-shared", key, *fwd],
+        "fallback_argv": [sys.executable, str(SCRIPT), "--no-shared", *fwd],
+    }
+    start_if_absent(shared_paths(cfg.runtime_dir, key), plan["server_argv"])  # a cold server starts before the exec
+    try:
+        exec_pump(plan)  # never returns: the config, YAML and argparse this process loaded are not needed any more
+    except OSError as e:
+        logger.info("cannot exec the relay's pump (%s); relaying from this process", e)
+    return run_relay(plan)
+
+
+def serve_shared_transport(cfg: Config, key: str, args: argparse.Namespace) -> int:
+    """The shared server (started by a relay, detached): every relay's connection is an MCP session over one index."""
+    import signal
+
+    from kb_live import use_one_malloc_arena
+    from kb_relay import SharedUnavailable, identity_key, prepare_runtime_dir, shared_paths
+    from kb_shared import SharedServer
+    from kb_tools import KnowledgeBase
+
+    if identity_key(cfg) != key:
+        logger.error("the config or the code changed since the relay computed its key; not starting (the relay retries)")
+        return 3
+    assert cfg.runtime_dir is not None
+
+    def still_current() -> bool:
+        try:
+            return identity_key(load_cli_config(args)) == key
+        except KBError:
+            return False
+
+    try:
+        prepare_runtime_dir(cfg.runtime_dir)
+        shared = SharedServer(cfg, key, shared_paths(cfg.runtime_dir, key), still_current)
+        shared.bind()  # before the SDK import: a relay's connection waits in the backlog, not in a retry loop
+    except (SharedUnavailable, KBError) as e:
+        logger.error("%s", e)
+        return 1
+
+    def on_term(*_: Any) -> None:
+        shared.cleanup()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    use_one_malloc_arena()
+    kb = KnowledgeBase(cfg)
+    kb.serving = shared.describe
+    server = build_server(kb)  # kb starts with the first session's lifespan, as in-process: initialize comes first
+    try:
+        shared.serve(server)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        shared.cleanup()
+    kb.shutdown()
+    logging.shutdown()
+    os._exit(0)  # daemon threads (model loading, file events) must not keep it alive
+
+
+def stop_shared() -> int:
+    """--stop-shared: ask this user's shared servers to exit."""
+    from kb_config import user_runtime_dir
+    from kb_relay import stop_servers
+
+    folder = user_runtime_dir()
+    lines = stop_servers(folder)
+    for line in lines:
+        print(line)
+    if not lines:
+        print(f"no shared server runs (runtime folder {folder})")
+    return 0
+
+
 def serve_http_transport(cfg: Config, host: str, port: int) -> int:
     """Serve MCP over streamable HTTP (several sessions, one index) until interrupted; refuses without a token."""
     from kb_http import check_bind, configured_token, serve_http
+    from kb_live import use_one_malloc_arena
+    from kb_tools import KnowledgeBase
 
     try:
         found = configured_token(cfg)
@@ -249,6 +405,7 @@ def serve_http_transport(cfg: Config, host: str, port: int) -> int:
         return 1
     use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
+    kb.serving = lambda: {"mode": "http", "pid": os.getpid()}
     server = build_server(kb)
     kb.start()  # index and model load now, not at the first session
     try:
@@ -273,7 +430,9 @@ def self_test(
 ) -> int:
     """Run the same sync + search as the tool, without MCP, and print the hits."""
     from kb_engine import Engine
+    from kb_live import load_model
     from kb_search import Searcher
+    from kb_tools import format_search
 
     t0 = time.perf_counter()
     engine = Engine(cfg)
@@ -316,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         "HTTP with a bearer token, or run one search as a self-test with --search.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python mcp_server.py                          # stdio server (for claude mcp add)\n"
+        "  python mcp_server.py --stop-shared            # stop the shared server (it also exits when idle)\n"
         '  python mcp_server.py --search "backup timer"  # self-test: sync + search, hits on stdout\n'
         "  python mcp_server.py --print-token             # create the token HTTP clients send\n"
         "  python mcp_server.py --transport http --port 8765   # http://127.0.0.1:8765/mcp",
@@ -340,10 +500,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--print-token", action="store_true", help="print the HTTP bearer token, creating it (mode 0600) on first use"
     )
+    parser.add_argument(
+        "--no-shared",
+        action="store_true",
+        help="stdio: serve this session in this process instead of through the shared server (as server.shared: false)",
+    )
+    parser.add_argument(
+        "--stop-shared", action="store_true", help="stop this user's shared servers (open sessions start a new one) and exit"
+    )
+    parser.add_argument("--serve-shared", metavar="KEY", help=argparse.SUPPRESS)  # what the relay starts
+    parser.add_argument("--fallback-reason", default="", help=argparse.SUPPRESS)  # why a relay's child is in-process
     args = parser.parse_args(argv)
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
-    pin_blas_threads()  # numpy loads later, in the start-up thread
+    if args.stop_shared:
+        return stop_shared()
+    pin_blas_threads()  # numpy loads later, in the start-up thread (and in a shared server this starts)
     try:
         cfg = load_cli_config(args)
     except KBError as e:
@@ -360,8 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.transport == "http" and args.search is None:
         return serve_http_transport(cfg, args.host, args.port)
+    if args.serve_shared:
+        return serve_shared_transport(cfg, args.serve_shared, args)
     if args.search is None:
-        return serve(cfg)
+        reason = args.fallback_reason or shared_off_reason(cfg, args.no_shared)
+        return serve(cfg, reason) if reason else relay(cfg, args)
     try:
         return self_test(cfg, args.search, args.top_k, args.mode, args.path_prefix, args.json, args.alt)
     except KBError as e:

@@ -555,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
         "--busy", action="store_true", help="with --mcp: run every timing again beside a process spinning one core"
     )
     parser.add_argument(
+        "--sessions",
+        type=int,
+        metavar="N",
+        help="with --mcp: also N sessions through relays to one shared server, beside a direct server: later sessions' "
+        "initialize and first answer, search p50 relay vs direct, total memory (see eval/bench_mcp.py)",
+    )
+    parser.add_argument(
         "--mode", choices=SEARCH_MODES, default="hybrid", help="with --mcp: the search mode the server is configured with"
     )
     parser.add_argument(
@@ -575,8 +582,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat needs at least 1")
     if args.mcp and args.fake_embedder:
         parser.error("--mcp times the server with its real model; leave out --fake-embedder")
-    if not args.mcp and (args.busy or args.data_dir or args.model or args.mode != "hybrid"):
-        parser.error("--busy, --mode, --model and --data-dir go with --mcp")
+    if not args.mcp and (args.busy or args.data_dir or args.model or args.sessions or args.mode != "hybrid"):
+        parser.error("--busy, --mode, --model, --sessions and --data-dir go with --mcp")
+    if args.sessions is not None and args.sessions < 2:
+        parser.error("--sessions needs at least 2 (a first session and a later one)")
     setup_logging(default="WARNING")
     temp = args.out_dir is None
     out_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) if temp else args.out_dir.expanduser().resolve()

@@ -5,6 +5,12 @@ semantic results join), search p50/p95 over 30 queries, and edit -> searchable f
 (temp file + rename), a new file in a new folder, a rename and a deletion. With --busy, everything again beside a
 process spinning one core (bounded in time, killed at the end). Works on a copy of the vault in --out-dir, indexed
 there with ingest.py (or seeded from an index already built, --data-dir); the user's notes and index are never touched.
+
+Every launch is a session's relay (issue 32): the timed launches each start from no shared server (a cold first
+session, as every session was before), and the warm session's memory is its shared server's. With --sessions N: one
+server of its own (--no-shared) beside N sessions through relays, the later ones launched while the earlier stay open:
+their launch -> initialize and -> first (semantic) answer, search p50 through a relay against the direct server's
+(alternated), and the memory of the N sessions (relays plus their shared server) against the direct server's.
 """
 
 from __future__ import annotations
@@ -31,18 +37,25 @@ from harness import (
     peak_memory_mb,
     percentile,
     prepare_vault,
+    private_runtime,
+    proportional_memory_mb,
+    read_pid,
     resident_memory_mb,
     say,
+    serving_info,
     write_config,
 )
 
 from kb_config import KBError, load_config
+from kb_relay import stop_servers
 from kb_vectors import HASH_MODEL_NAME
 
 # Server launches timed to initialize and the first answer (the last session then runs the searches and edits).
 DEFAULT_STARTS = 3
 # Searches timed in the warm session.
 SEARCHES = 30
+# Alternatives passed with each query of the alternatives timing (the most a client may pass).
+ALTERNATIVES = 4
 # The first question after launch: a word most vaults (and the synthetic one) contain.
 FIRST_QUERY = "backup"
 # Longest wait for one reply, and for the model to load (semantic results joining) after a launch.
@@ -85,8 +98,10 @@ def run_ingest(config: Path, log: Path) -> None:
         raise KBError(f"ingest.py failed (code {proc.returncode}) on the vault copy; see {log}")
 
 
-async def search(session: Any, query: str, mode: str | None = None) -> dict[str, Any]:
+async def search(session: Any, query: str, mode: str | None = None, alternatives: list[str] | None = None) -> dict[str, Any]:
     args: dict[str, Any] = {"query": query} | ({"mode": mode} if mode else {})
+    if alternatives:
+        args["alternatives"] = alternatives
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool("search_my_knowledge_base", args)
     if result.is_error:
@@ -106,9 +121,10 @@ async def wait_semantic(session: Any, mode: str) -> bool:
     return False
 
 
-async def bench_starts(config: Path, errlog: Any, starts: int, mode: str) -> dict[str, Any]:
+async def bench_starts(config: Path, errlog: Any, starts: int, mode: str, runtime: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"init": [], "first": [], "first_mode": [], "semantic": []}
     for i in range(starts):
+        stop_servers(runtime)  # each launch is a cold first session: no shared server to attach to
         async with launch(config, errlog, read_timeout_s=CALL_TIMEOUT_S) as server:
             session, t0, init_s = server.client, server.started, server.initialize_s
             res["init"].append(init_s)
@@ -195,17 +211,108 @@ async def bench_session(config: Path, errlog: Any, vault: Path, mode: str, tag: 
         await wait_semantic(session, mode)
         for q in QUERIES[:3]:
             await search(session, q, mode)  # warm-up: jieba and the model's first calls
-        times = []
-        for q in (QUERIES * 2)[:SEARCHES]:
+        times, alt_times = [], []
+        for i, q in enumerate((QUERIES * 2)[:SEARCHES]):
             t = time.perf_counter()
             await search(session, q, mode)
             times.append(time.perf_counter() - t)
-        resident = resident_memory_mb(server.pid) if server.pid is not None else (None, None)
+            # the same query with 4 alternatives, as a client passes them (the next queries: both languages, any length)
+            t = time.perf_counter()
+            await search(session, q, mode, [QUERIES[(i + k) % len(QUERIES)] for k in range(1, ALTERNATIVES + 1)])
+            alt_times.append(time.perf_counter() - t)
+        serving = await serving_info(session, CALL_TIMEOUT_S)
+        pid = serving["pid"] if serving.get("mode") == "shared" else server.pid  # the server's, not the relay's
+        resident = resident_memory_mb(pid) if pid is not None else (None, None)
         edits = await bench_edits(session, vault, mode, tag)
         with anyio.fail_after(CALL_TIMEOUT_S):
             status = (await session.call_tool("index_status", {})).structured_content or {}
-        memory = peak_memory_mb(server.pid) if server.pid is not None else (None, "")
-    return {"times": times, "edits": edits, "status": status, "memory": memory, "resident": resident}
+        memory = peak_memory_mb(pid) if pid is not None else (None, "")
+    return {"times": times, "alt_times": alt_times, "edits": edits, "status": status, "memory": memory, "resident": resident}
+
+
+async def bench_sessions(config: Path, errlog: Any, n: int, mode: str, runtime: Path) -> dict[str, Any]:
+    """--sessions N: a direct server (--no-shared) and N sessions through relays; see the module docstring."""
+    res: dict[str, Any] = {"init": [], "first": [], "first_mode": [], "direct": [], "relay": []}
+    stop_servers(runtime)
+    async with contextlib.AsyncExitStack() as stack:
+        pidfile = config.with_name("direct.pid")
+        direct = await stack.enter_async_context(
+            launch(config, errlog, pidfile=pidfile, read_timeout_s=CALL_TIMEOUT_S, extra_args=["--no-shared"])
+        )
+        await wait_semantic(direct.client, mode)
+        sessions = []
+        for i in range(n):
+            pidfile = config.with_name(f"session-{i}.pid")
+            s = await stack.enter_async_context(launch(config, errlog, pidfile=pidfile, read_timeout_s=CALL_TIMEOUT_S))
+            first = await search(s.client, FIRST_QUERY, mode)
+            first_s = time.perf_counter() - s.started
+            if i == 0:
+                res["cold"] = {"init": s.initialize_s, "first": first_s, "first_mode": first["mode"]}
+                await wait_semantic(s.client, mode)  # the later sessions find the shared server warm
+            else:
+                res["init"].append(s.initialize_s)
+                res["first"].append(first_s)
+                res["first_mode"].append(first["mode"])
+            say(
+                "bench",
+                f"session {i + 1}/{n}: initialize {s.initialize_s * 1000:.0f} ms, first answer ({first['mode']}) {first_s * 1000:.0f} ms after launch",
+            )
+            sessions.append(s)
+        for q in QUERIES[:3]:
+            await search(direct.client, q, mode)
+            await search(sessions[-1].client, q, mode)
+        for q in (QUERIES * 2)[:SEARCHES]:  # alternated, so both see the same machine
+            for key, client in (("direct", direct.client), ("relay", sessions[-1].client)):
+                t = time.perf_counter()
+                await search(client, q, mode)
+                res[key].append(time.perf_counter() - t)
+        for s in sessions[:-1]:
+            await search(s.client, QUERIES[0], mode)  # every session has searched
+        serving = await serving_info(sessions[-1].client, CALL_TIMEOUT_S)
+        res["attached"] = serving.get("sessions_attached")
+        shared_pid = serving.get("pid") if serving.get("mode") == "shared" else None
+        relay_pids = [s.pid for s in sessions if s.pid is not None]
+        res["relay_rss"] = [resident_memory_mb(p)[0] or 0.0 for p in relay_pids]
+        res["relay_pss"] = [proportional_memory_mb(p) or 0.0 for p in relay_pids]
+        res["shared_rss"] = resident_memory_mb(shared_pid)[0] if shared_pid else None
+        res["shared_pss"] = proportional_memory_mb(shared_pid) if shared_pid else None
+        direct_pid = read_pid(config.with_name("direct.pid"))
+        res["direct_rss"] = resident_memory_mb(direct_pid)[0] if direct_pid else None
+        res["direct_pss"] = proportional_memory_mb(direct_pid) if direct_pid else None
+    return res
+
+
+def add_session_metrics(add: Callable[..., None], se: dict[str, Any], n: int) -> None:
+    """The --sessions figures (issue 32's bars beside each)."""
+    cold = se["cold"]
+    add("cold_session_initialize_ms", cold["init"] * 1000, "ms", "first session, no shared server running")
+    add("cold_session_first_answer_ms", cold["first"] * 1000, "ms", f"first session, mode {cold['first_mode']}")
+    add("later_session_initialize_ms", median(se["init"]) * 1000, "ms", f"launch -> initialize, median of {n - 1} (bar 300)")
+    add("later_session_initialize_max_ms", max(se["init"]) * 1000, "ms")
+    add(
+        "later_session_first_answer_ms",
+        median(se["first"]) * 1000,
+        "ms",
+        f"launch -> first search reply, median of {n - 1} (bar 500)",
+    )
+    add("later_session_first_answer_max_ms", max(se["first"]) * 1000, "ms")
+    add("later_session_first_modes", ",".join(sorted(set(se["first_mode"]))), "mode", "hybrid: semantic results included")
+    relay, direct = median(se["relay"]) * 1000, median(se["direct"]) * 1000
+    add("search_p50_relay_ms", relay, "ms", f"{len(se['relay'])} searches through a relay, alternated with the direct ones")
+    add("search_p50_direct_ms", direct, "ms", "a server of its own (--no-shared)")
+    add("search_p50_relay_minus_direct_ms", relay - direct, "ms", "bar: within 2")
+    total_rss = sum(se["relay_rss"]) + (se["shared_rss"] or 0.0)
+    add("sessions_attached", se["attached"], "sessions")
+    add("relay_rss_mb", median(se["relay_rss"]), "MB", "VmRSS of one relay, median")
+    add("shared_server_rss_mb", se["shared_rss"], "MB", "VmRSS of the shared server after every session searched")
+    add("direct_server_rss_mb", se["direct_rss"], "MB", "VmRSS of the direct server after its searches")
+    add("sessions_total_rss_mb", total_rss, "MB", f"{n} relays + the shared server, VmRSS summed")
+    if se["direct_rss"]:
+        add("sessions_rss_ratio", total_rss / se["direct_rss"], "x", "total over one direct server's (bar: <= 1.3)")
+    total_pss = sum(se["relay_pss"]) + (se["shared_pss"] or 0.0)
+    add("sessions_total_pss_mb", total_pss, "MB", "the same in PSS (shared pages counted once)")
+    if se["direct_pss"]:
+        add("sessions_pss_ratio", total_pss / se["direct_pss"], "x", "total PSS over the direct server's PSS")
 
 
 def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
@@ -235,17 +342,22 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
     metrics: list[Metric] = []
     label = f"{cfg.embed_model} (server, mode {mode})"
     conditions = [("", None)] + ([("_busy", Busy)] if args.busy else [])
-    with log.open("a", encoding="utf-8") as errlog:
+    with log.open("a", encoding="utf-8") as errlog, private_runtime() as runtime:
         for suffix, competitor in conditions:
             where = "beside a process spinning one core" if competitor else "quiet"
             say("bench", f"--- {where}: {starts} launches, then {SEARCHES} searches and {len(EDIT_KINDS)} edits")
             with competitor() if competitor else contextlib.nullcontext():
-                st = anyio.run(bench_starts, config, errlog, starts, mode)
+                sessions = getattr(args, "sessions", None)
+                if sessions:
+                    ss = anyio.run(bench_sessions, config, errlog, sessions, mode, runtime)
+                st = anyio.run(bench_starts, config, errlog, starts, mode, runtime)
                 se = anyio.run(bench_session, config, errlog, vault, mode, suffix.strip("_") or "quiet")
 
             def add(key: str, value: Any, unit: str, note: str = "", suffix: str = suffix, where: str = where) -> None:
                 metrics.append(Metric(f"mcp_{key}{suffix}", value, unit, label, f"{note}; {where}".lstrip("; ")))
 
+            if sessions:
+                add_session_metrics(add, ss, sessions)
             add("initialize_ms", median(st["init"]) * 1000, "ms", f"launch -> initialize reply, median of {starts}")
             add(
                 "first_answer_ms",
@@ -264,6 +376,9 @@ def run_mcp_bench(args: Any, out_dir: Path) -> dict[str, Any]:
                 )
             add("search_p50_ms", median(se["times"]) * 1000, "ms", f"{len(se['times'])} searches, warm, client-side")
             add("search_p95_ms", percentile(se["times"], 0.95) * 1000, "ms")
+            alt_p50 = median(se["alt_times"])
+            add("search_alt4_p50_ms", alt_p50 * 1000, "ms", f"the same queries with {ALTERNATIVES} alternatives each")
+            add("search_alt4_ratio", round(alt_p50 / median(se["times"]), 2), "x", "alternatives p50 / plain p50")
             add("server_peak_rss_mb", se["memory"][0], "MB", se["memory"][1] + ", after the searches and edits")
             add("server_rss_mb", se["resident"][0], "MB", "VmRSS after the searches (model loaded, index open)")
             add("server_private_mb", se["resident"][1], "MB", "RssAnon then: the part no other process shares")

@@ -22,6 +22,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from faults_common import HASH_MODEL, Processes
 from faults_report import PartResult, Run
+from harness import private_runtime
 
 PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
 # Seed of every random choice (kill moments, edits, storm operations): the same seed replays the same plan.
@@ -126,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[PartResult] = []
     t0 = time.perf_counter()
     try:
-        for name in parts:
-            results.append(run_part(name, run, args))
+        with private_runtime():  # the shared servers the relays start live in a folder of this run's own
+            for name in parts:
+                results.append(run_part(name, run, args))
     finally:
         procs.kill_all()
         if args.keep:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from harness import PYTHON, REPO_ROOT, child_env, launch, median, percentile, read_pid
+from harness import PYTHON, REPO_ROOT, child_env, launch, median, percentile, read_pid, serving_info
 
 # embedding.model for fast runs: kb_vectors' deterministic token-hash embedder (no model to load).
 HASH_MODEL = "hash-embedder"
@@ -143,7 +143,9 @@ class Outcome:
 class Server:
     """`mcp_server.py --config CONFIG` driven by the SDK's stdio client; every call bounded and timed.
 
-    Use as `async with Server(...) as s: await s.call(...)`; `kill()` sends SIGKILL to its process group.
+    The process launched is the session's relay; the shared server it attached to (shared_pid, its log in
+    shared_log) serves every Server of the same config. `kill()` sends SIGKILL to both: a server killed mid-call.
+    Use as `async with Server(...) as s: await s.call(...)`.
     """
 
     def __init__(self, procs: Processes, config: Path, workdir: Path, name: str) -> None:
@@ -151,6 +153,8 @@ class Server:
         self.errlog = workdir / f"{name}.err"
         self.pidfile = workdir / f"{name}.pid"
         self.pid: int | None = None
+        self.shared_pid: int | None = None  # None when the session runs in-process
+        self.shared_log: Path | None = None
         self.calls: list[Outcome] = []
         self._stack: AsyncExitStack | None = None
         self.client: Any = None
@@ -168,6 +172,10 @@ class Server:
             await self._stack.aclose()
             raise
         self._record_pid()
+        serving = await serving_info(self.client, START_TIMEOUT_S)
+        if serving.get("mode") == "shared":
+            self.shared_pid, self.shared_log = serving["pid"], Path(serving["log"])
+            self.procs.add(self.shared_pid)  # kill_all ends it with the part (it leads its own process group)
         return self
 
     def _record_pid(self) -> None:
@@ -182,7 +190,9 @@ class Server:
             self.procs.kill(self.pid)
 
     def kill(self) -> bool:
-        return self.pid is not None and self.procs.kill(self.pid)
+        """SIGKILL the shared server (what a kill mid-call means) and the session's relay; True if one was there."""
+        server = self.shared_pid is not None and self.procs.kill(self.shared_pid)
+        return (self.pid is not None and self.procs.kill(self.pid)) or server
 
     async def call(self, tool: str, args: dict[str, Any] | None = None, timeout_s: float = CALL_TIMEOUT_S) -> Outcome:
         """Call a tool; never raises (failures come back as the Outcome's kind)."""

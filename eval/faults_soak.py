@@ -133,6 +133,8 @@ async def _soak(run: Run, res: PartResult, base: Path, vault: Path, config: Path
             log=base / "editor.err",
         )
         pids = {s.name: s.pid for s in servers if s.pid is not None} | {"watcher": watcher.pid}
+        if servers[0].shared_pid is not None:
+            pids["shared"] = servers[0].shared_pid  # the one server both sessions' relays attached to
         storm = Storm(run, time.monotonic() + seconds, SOAK_PAUSES)
         run.say(f"soak: 2 servers, watcher and editor at a person's pace for {seconds:.0f} s")
         async with anyio.create_task_group() as tg:

@@ -1,4 +1,5 @@
 """eval/faults.py part `storm`: K servers + watcher.py + an ingest loop + an external editor on one vault for D seconds.
+The K servers are K client sessions, each through its relay, all attached to the one shared server of their config.
 
 The editor (eval/faults_editor.py) creates, edits, renames and deletes notes and appends numbered lines to inbox.md;
 each server appends numbered lines to inbox.md and searches and asks index_status, concurrently. Afterwards: every
@@ -194,6 +195,9 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
                     res.fail(f"{s.name}: first {tool} (warm-up)", "ok", f"{warm.kind}: {warm.text[:300]}")
             s.calls.clear()  # start-up (the SDK import, the first sync, the model load) is not part of the storm
             servers.append(s)
+        # Each "server" is a session: its relay, attached to the one shared server of this config (issue 32).
+        res.figures["sessions_through_relays"] = sum(1 for s in servers if s.shared_pid is not None)
+        res.figures["shared_servers"] = len({s.shared_pid for s in servers if s.shared_pid is not None})
         max_ops = int(seconds * EDITOR_OPS_PER_S)
         editor = procs.popen(
             [
@@ -283,11 +287,17 @@ async def _storm(run: Run, res: PartResult, base: Path, vault: Path, config: Pat
         res.fail(f"{tool} during the storm ({where})", "ok", f"{kind}: {text}")
         res.findings[-1].count = len(names)
     tracebacks = {s.name: len(TRACEBACK_RE.findall(tail(s.errlog, 10**8))) for s in servers}
+    for log in sorted({s.shared_log for s in servers if s.shared_log is not None}):  # the relays' shared server
+        tracebacks[f"shared:{log.name}"] = len(TRACEBACK_RE.findall(tail(log, 10**8)))
     tracebacks["watcher"] = len(TRACEBACK_RE.findall(tail(base / "watcher.log", 10**8)))
     res.figures["tracebacks_in_logs"] = tracebacks
     for name, n in tracebacks.items():
         if n:
-            log = base / ("watcher.log" if name == "watcher" else f"{name}.err")
+            log = (
+                Path(next(str(s.shared_log) for s in servers if s.shared_log and name == f"shared:{s.shared_log.name}"))
+                if name.startswith("shared:")
+                else base / ("watcher.log" if name == "watcher" else f"{name}.err")
+            )
             res.fail(f"{name} log", "no traceback", f"{n} tracebacks; last: {last_traceback(log)}")
 
 

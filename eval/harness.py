@@ -127,14 +127,17 @@ async def launch(
     *,
     pidfile: Path | None = None,
     read_timeout_s: float = INITIALIZE_TIMEOUT_S,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[Launched]:
     """`mcp_server.py --config CONFIG` through the SDK's stdio client (as Claude Code launches it), connected and
     initialized; closed (stdin closed, process ended by the SDK) when the block ends. With `pidfile`, the server's
-    pid is recorded there and in Launched.pid (a shell prelude execs the server, so the pid is its own)."""
+    pid is recorded there and in Launched.pid (a shell prelude execs the server, so the pid is its own). In stdio
+    mode that process is the session's relay to the shared server (`extra_args=["--no-shared"]`: a server of its own).
+    """
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    server = [PYTHON, str(REPO_ROOT / "mcp_server.py"), "--config", str(config)]
+    server = [PYTHON, str(REPO_ROOT / "mcp_server.py"), "--config", str(config), *extra_args]
     if pidfile is not None:
         pidfile.unlink(missing_ok=True)
         command, args = "/bin/sh", ["-c", PIDFILE_SH, "sh", str(pidfile), *server]
@@ -146,6 +149,37 @@ async def launch(
     # No cancel scope around this: the client's own task group must nest in the caller's scopes.
     async with client as connected:
         yield Launched(connected, t0, time.perf_counter() - t0, read_pid(pidfile))
+
+
+@contextlib.contextmanager
+def private_runtime() -> Any:
+    """A runtime folder of this run's own (XDG_RUNTIME_DIR, inherited by every child): the shared servers the
+    relays start live there, never beside the user's, and every one is stopped when the block ends."""
+    import tempfile
+
+    from kb_relay import stop_servers
+
+    root = Path(tempfile.mkdtemp(prefix="sbrt-", dir="/tmp"))  # short: a socket's path has 107 bytes at most
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(root)
+    try:
+        yield root / "second-brain-mcp"
+    finally:
+        stop_servers(root / "second-brain-mcp")
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def serving_info(client: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+    """index_status's `serving`: shared (with the shared server's pid, sessions and log) or in-process."""
+    import anyio
+
+    with anyio.fail_after(timeout_s):
+        status = await client.call_tool("index_status", {})
+    return (status.structured_content or {}).get("serving") or {}
 
 
 def read_pid(pidfile: Path | None) -> int | None:
@@ -175,6 +209,18 @@ def peak_memory_mb(pid: int) -> tuple[float | None, str]:
     except ImportError:
         return None, ""
     return psutil.Process(pid).memory_info().rss / 2**20, "RSS from psutil (current, not peak)"
+
+
+def proportional_memory_mb(pid: int) -> float | None:
+    """Proportional set size (MB) from /proc/PID/smaps_rollup: shared pages split among the processes mapping them,
+    so the PSS of several processes adds up to the memory they take together. None where /proc lacks it."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text(encoding="utf-8").splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def resident_memory_mb(pid: int) -> tuple[float | None, float | None]:

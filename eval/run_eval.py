@@ -70,11 +70,6 @@ def recall(ranked: list[str], gold: list[str], k: int = K_NDCG) -> float:
     return len(set(ranked[:k]) & set(gold)) / len(gold) if gold else 0.0
 
 
-def collapse(paths: list[str]) -> list[str]:
-    """Hits collapsed to their note, first rank kept."""
-    return list(dict.fromkeys(paths))
-
-
 def grep_rank(engine: Any, query: str) -> tuple[list[str], bool]:
     """Baseline without an index: notes ranked by how many distinct query terms their text contains."""
     terms = list(dict.fromkeys(engine.tokenizer.tokenize(query)))
@@ -133,7 +128,6 @@ def run_mode(
     note_bm25 = NoteBM25(searcher.engine) if mode == "bm25" else None
     for q in questions:
         t0 = time.perf_counter()
-        closest: list[str] = []
         if note_bm25 is not None:
             ranked, abstained = note_bm25.rank(q["q"])
         elif mode == "grep":
@@ -141,7 +135,7 @@ def run_mode(
         else:
             alts = (alternatives or {}).get(q["id"])
             result = searcher.search(q["q"], alternatives=alts, top_k=K_MRR, mode=mode)
-            ranked, abstained, closest = collapse([h.path for h in result.hits]), result.abstained, result.closest
+            ranked, abstained = result.ranked_notes(), result.abstained
         ms = (time.perf_counter() - t0) * 1000
         rows.append(
             {
@@ -151,7 +145,6 @@ def run_mode(
                 "gold": q["gold"],
                 "ranked": ranked[:K_MRR],
                 "abstained": abstained,
-                "closest": closest,
                 "ms": ms,
             }
         )

@@ -11,7 +11,10 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
+import pytest  # noqa: E402
 from kb_fixtures import make_engine, sample_index, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
 
 # Tests never reach Hugging Face: a model that is not on disk must fail fast, not retry over the network.
@@ -21,9 +24,48 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The longest files run first (longest-first scheduling over the xdist workers): started late, one of them kept a
 # worker busy while the other sat idle at the end of the run.
-SLOW_FILES_FIRST = ("test_faults.py", "test_minilm.py", "test_mcp_server.py", "test_bench.py", "test_eval_baseline.py")
+SLOW_FILES_FIRST = (
+    "test_faults.py",
+    "test_minilm.py",
+    "test_mcp_server.py",
+    "test_shared.py",
+    "test_bench.py",
+    "test_eval_baseline.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES_FIRST)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runtime_dir():
+    """The shared servers this worker's tests start (mcp_server.py in stdio mode is a relay) live in a runtime folder
+    of its own, never the user's, short enough for a socket's path; every one of them is stopped at the end."""
+    from kb_relay import stop_servers
+
+    root = Path(tempfile.mkdtemp(prefix="sbrt-", dir="/tmp"))
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(root)  # children inherit it: the tests' env helpers copy os.environ
+    folder = root / "second-brain-mcp"
+    try:
+        yield folder
+    finally:
+        left = [line for line in stop_servers(folder) if "stopped" not in line and "not running" not in line]
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"shared servers left running: {left}"
+
+
+@pytest.fixture(autouse=True)
+def stop_idle_shared_servers(shared_runtime_dir):
+    """A test's shared servers with no session left exit with it, not after server.idle_exit (a module's open
+    session keeps its own)."""
+    yield
+    from kb_relay import stop_servers
+
+    stop_servers(shared_runtime_dir, only_idle=True)

@@ -34,6 +34,9 @@ ALLOWED = {
     "kb_embedrun": {"kb_text", "kb_vectors"},
     "kb_chroma": {"kb_config"},
     "kb_http": {"kb_config", "kb_files"},
+    # The relay stays light (standard library only); the shared server reuses its paths and hello.
+    "kb_relay": set(),
+    "kb_shared": {"kb_config", "kb_relay"},
     "bm25_index": {"kb_config", "kb_files", "kb_text"},
     "kb_view": {"kb_config", "kb_state", "kb_text", "bm25_index", "kb_links"},
     "kb_engine": {
@@ -102,6 +105,8 @@ ALLOWED = {
         "kb_http",
         "kb_live",
         "kb_tools",
+        "kb_relay",
+        "kb_shared",
     },
     "watcher": {"kb_config", "kb_scan", "kb_text", "kb_state", "bm25_index", "kb_vectors", "kb_engine", "kb_watch"},
 }
@@ -137,6 +142,8 @@ SERVER_SIDE = [
     "kb_tools",
     "kb_chunk",
     "kb_frontmatter",
+    "kb_relay",
+    "kb_shared",
 ]
 
 
@@ -219,6 +226,8 @@ def test_every_env_var_is_documented():
         "eval/bench_store.py",
         "eval/bench_links.py",
         "eval/plant_identifiers.py",
+        "eval/replies.py",
+        "eval/knobs.py",
     ],
 )
 def test_every_cli_flag_is_documented(script):
@@ -235,8 +244,9 @@ def test_every_tool_and_tool_argument_is_documented(small_vault, tmp_path):
     from kb_fixtures import make_config
 
     import mcp_server
+    from kb_tools import KnowledgeBase
 
-    server = mcp_server.build_server(mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data")))
+    server = mcp_server.build_server(KnowledgeBase(make_config(small_vault, tmp_path / "data")))
     tools = anyio.run(server.list_tools)
     assert len(tools) == 6
     for tool in tools:

@@ -39,7 +39,7 @@ def test_load_config_uses_defaults_when_only_kb_dir_is_given(vault: Path) -> Non
     cfg = load_config(None, env={"KB_DIR": str(vault)})
 
     assert cfg.kb_dir == vault.resolve()
-    assert (cfg.chunk_tokens, cfg.top_k, cfg.search_mode, cfg.extensions) == (200, 5, "hybrid", (".md",))
+    assert (cfg.chunk_tokens, cfg.top_k, cfg.search_mode, cfg.extensions) == (200, 4, "hybrid", (".md",))
     assert cfg.writable == ("inbox.md",)
     assert cfg.source == "defaults"
 
@@ -49,13 +49,13 @@ def test_load_config_reads_the_env_mapping_not_os_environ(vault: Path, monkeypat
 
     cfg = load_config(None, env={"KB_DIR": str(vault)})
 
-    assert cfg.top_k == 5
+    assert cfg.top_k == 4
 
 
 @pytest.mark.parametrize(
     ("in_file", "in_env", "in_override", "expected"),
     [
-        (False, False, False, 5),
+        (False, False, False, 4),
         (True, False, False, 7),
         (True, True, False, 9),
         (False, True, False, 9),
@@ -319,7 +319,7 @@ def test_load_config_accepts_an_empty_file(tmp_path: Path, vault: Path) -> None:
 
     cfg = load_config(path, env={"KB_DIR": str(vault)})
 
-    assert cfg.top_k == 5
+    assert cfg.top_k == 4
 
 
 def test_load_config_accepts_a_section_whose_keys_are_all_commented_out(tmp_path: Path, vault: Path) -> None:
@@ -443,10 +443,11 @@ def test_installed_command_without_kb_dir_names_the_user_config_file(installed: 
         load_config(None, env=installed)
 
 
-def test_config_of_an_earlier_version_with_min_cosine_still_loads_with_a_warning(tmp_path: Path, caplog) -> None:
-    path = _write_config(tmp_path, f"kb_dir: {json.dumps(str(tmp_path))}\nsearch:\n  min_cosine: 0.25\n  top_k: 3\n")
+@pytest.mark.parametrize("key", ["min_cosine: 0.25", "semantic_weight: 1.5"])
+def test_config_of_an_earlier_version_with_a_retired_key_still_loads_with_a_warning(tmp_path: Path, caplog, key) -> None:
+    path = _write_config(tmp_path, f"kb_dir: {json.dumps(str(tmp_path))}\nsearch:\n  {key}\n  top_k: 3\n")
 
     cfg = load_config(path, env={})
 
     assert cfg.top_k == 3
-    assert "search.min_cosine" in caplog.text and "no longer used" in caplog.text
+    assert f"search.{key.split(':')[0]}" in caplog.text and "no longer used" in caplog.text

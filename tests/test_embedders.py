@@ -90,6 +90,46 @@ def test_use_embedder_says_how_to_install_when_package_missing(monkeypatch):
         UseEmbedder().embed_query("x")
 
 
+@pytest.mark.parametrize(
+    ("model", "device", "instead"),
+    [
+        ("BAAI/bge-m3", "auto", "set embedding.model to the bundled use-multilingual"),  # a hub name
+        ("~/models/my-model", "cpu", "set embedding.model to the bundled use-multilingual"),  # a local folder
+        ("all-MiniLM-L6-v2", "cuda", "set embedding.device to cpu"),  # the bundled one goes to torch only on a GPU
+    ],
+)
+def test_sentence_transformers_model_says_what_to_install_when_it_is_missing(monkeypatch, model, device, instead):
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # as in the default install (requirements.txt)
+    with pytest.raises(ModelUnavailableError) as err:
+        make_embedder(model, device=device).embed_query("x")
+    message = str(err.value)
+    assert f"'{model}'" in message and "pip install -r requirements-st.txt" in message and instead in message
+
+
+def test_reranker_says_what_to_install_when_sentence_transformers_is_missing(monkeypatch):
+    from kb_vectors import CrossEncoderReranker
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    with pytest.raises(ModelUnavailableError, match=r"'BAAI/bge-reranker-base'.*requirements-st\.txt.*rerank\.model"):
+        CrossEncoderReranker("BAAI/bge-reranker-base").score("q", ["a"])
+
+
+def test_ingest_of_a_config_naming_another_model_without_sentence_transformers_exits_1_saying_what_to_install(tmp_path):
+    """The default install has no sentence-transformers: a config naming a hub model stops ingest with the command."""
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "a.md").write_text("# A\n\nThe nightly backup runs at 02:00.\n", encoding="utf-8")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        f"kb_dir: {json.dumps(str(vault))}\ndata_dir: {json.dumps(str(tmp_path / 'data'))}\nembedding:\n  model: BAAI/bge-m3\n",
+        encoding="utf-8",
+    )
+    code = f"import sys; sys.modules['sentence_transformers'] = None; import ingest; sys.exit(ingest.main(['--config', {str(cfg)!r}]))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "'BAAI/bge-m3' needs sentence-transformers" in out.stderr and "pip install -r requirements-st.txt" in out.stderr
+
+
 def test_multi_embedder_joins_unit_vectors_and_recovers_each_models_cosine():
     a, b = HashEmbedder(dim=16, name="a"), HashEmbedder(dim=32, name="b")
     multi = MultiEmbedder([a, b])
@@ -200,7 +240,7 @@ def test_use_gate_abstains_off_topic_and_answers_across_languages(sample_vault, 
     searcher = Searcher(engine)
     for query in ("how many moons does Jupiter have", "木星有几颗卫星"):
         result = searcher.search(query, mode="hybrid")
-        assert result.abstained and result.closest, query
+        assert result.abstained and result.hits, query
     answer = searcher.search("家里的NAS几点备份", mode="hybrid")
     assert not answer.abstained and answer.hits[0].path == "projects/homelab/Homelab.md"
 

@@ -132,4 +132,3 @@ def test_metrics_match_hand_computed_values():
     assert run_eval.ndcg(["a.md", "x.md", "b.md"], gold) == pytest.approx((1 + 1 / 2) / (1 + 1 / 1.5849625), rel=1e-6)
     assert run_eval.mrr(["x.md", "y.md", "b.md"], gold) == pytest.approx(1 / 3)
     assert run_eval.recall(["x.md", "a.md"], gold) == 0.5
-    assert run_eval.collapse(["a.md", "a.md", "b.md"]) == ["a.md", "b.md"]

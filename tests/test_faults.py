@@ -66,6 +66,7 @@ def test_faults_quick_exercises_every_part(quick):
     storm = parts["storm"]["figures"]
     assert storm["acknowledged_appends"] > 0 and storm["external_lines"] > 0 and storm["editor_ops"] > 0
     assert storm["calls"] > 0 and storm["settle_searches"]["searched"] > 0
+    assert storm["sessions_through_relays"] == storm["servers"] and storm["shared_servers"] == 1
     hostile = parts["hostile"]["figures"]
     assert hostile["hostile_paths"] >= 80 and hostile["bad_arguments"] > 0 and hostile["broken_classes"] >= 30
     assert hostile["bytes_changed_outside_whitelist"] == 0 and hostile["internal_errors"] == 0

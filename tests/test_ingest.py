@@ -517,6 +517,9 @@ def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
 
 @pytest.mark.parametrize("model", ["no-such-org/no-such-model", "/definitely/not/a/model/folder"])
 def test_real_embedder_refuses_unloadable_model_with_next_step(model):
+    pytest.importorskip(
+        "sentence_transformers", reason="sentence-transformers is not installed (pip install -r requirements-st.txt)"
+    )
     from kb_vectors import SentenceTransformerEmbedder
 
     with pytest.raises(ModelUnavailableError) as err:

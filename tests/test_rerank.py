@@ -16,7 +16,9 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvw
 @pytest.fixture(scope="module")
 def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-layer BERT sequence classifier with a 45-token vocabulary, saved like a hub model."""
-    torch = pytest.importorskip("torch")
+    missing = "sentence-transformers is not installed (opt-in: pip install -r requirements-st.txt; requirements-dev.txt has it)"
+    torch = pytest.importorskip("torch", reason=missing)
+    pytest.importorskip("sentence_transformers", reason=missing)
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-ce")
@@ -48,11 +50,11 @@ def test_search_orders_hits_by_cross_encoder_scores(small_vault, make_engine, ti
     engine = make_engine(small_vault, HashEmbedder())
     engine.sync_all()
     plain = Searcher(engine).search("word1x3 word2x5 postgresql", top_k=5, mode="keyword")
-    assert len(plain.hits) >= 3
+    assert len(plain.hits) >= 2  # notes: long.md (both words, two sections) and the notes holding postgresql
     searcher = Searcher(engine)
     searcher.cfg = replace(engine.cfg, rerank_model=str(tiny_cross_encoder), embed_device="cpu")
     reranked = searcher.search("word1x3 word2x5 postgresql", top_k=5, mode="keyword")
-    assert {h.chunk_id for h in reranked.hits} == {h.chunk_id for h in plain.hits}
+    assert {h.path for h in reranked.hits} == {h.path for h in plain.hits}
     ce = CrossEncoderReranker(str(tiny_cross_encoder), device="cpu")
     texts = [f"{engine.chunks[h.chunk_id].context}\n{engine.chunks[h.chunk_id].text}" for h in reranked.hits]
     scores = ce.score("word1x3 word2x5 postgresql", texts)

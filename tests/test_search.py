@@ -78,20 +78,44 @@ def test_search_filters_by_modification_date(searcher):
     assert "projects/alpha.md" in _paths(searcher.search("PostgreSQL", modified_within_days=60, mode="hybrid"))
 
 
-def test_search_keeps_at_most_two_chunks_per_note(searcher):
+def test_search_gives_each_note_one_entry_holding_the_lines_of_its_passages(searcher):
+    """A note's chunks took a slot each (Homelab.md:38-54 and Homelab.md:34-50, the same timer block twice)."""
     result = searcher.search("section", top_k=10, mode="keyword")  # every section of long.md matches
-    assert _paths(result).count("long.md") == Tuning().chunks_per_note
-    assert max(_paths(result).count(p) for p in set(_paths(result))) <= Tuning().chunks_per_note
+    named = [h.path for h in [*result.hits, *result.more]]
+    assert named.count("long.md") == 1 and len(named) == len(set(named))
+    entry = next(h for h in result.hits if h.path == "long.md")
+    chunks = {(c.line_start, c.line_end) for c in searcher.engine.chunks.values() if c.path == "long.md"}
+    assert 1 <= len(entry.ranges) <= Tuning().chunks_per_note  # separate sections: separate ranges
+    assert all(any(a <= s and e <= b for a, b in entry.ranges) for s, e in chunks if (s, e) == (entry.line_start, entry.line_end))
 
 
-def test_search_abstains_and_names_nearest_notes_when_nothing_is_relevant(searcher, monkeypatch):
+@pytest.mark.parametrize(
+    ("ranges", "merged"),
+    [
+        ([(38, 54), (34, 50)], ((34, 54),)),  # overlapping
+        ([(34, 50), (51, 57)], ((34, 57),)),  # adjacent
+        ([(88, 95), (34, 57)], ((34, 57), (88, 95))),  # separate, in note order
+        ([(5, 5)], ((5, 5),)),
+        ([], ()),
+    ],
+)
+def test_merge_ranges_joins_overlapping_and_adjacent_lines(ranges, merged):
+    assert kb_search.merge_ranges(ranges) == merged
+
+
+def test_search_below_the_gate_shows_the_same_notes_marked_low_confidence(searcher, monkeypatch):
     # the hash embedder shares characters between any two texts: only a high bar stands for "unrelated"
     monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))
     monkeypatch.setattr(kb_background, "MIN_BACKGROUND", 1)  # a tiny vault's cosine would vouch for anything
     monkeypatch.setattr(kb_background, "NEAREST_EXCLUDED", 0)
     result = searcher.search("zebra crossing quantum sourdough", mode="hybrid")
-    assert result.abstained and result.hits == []
-    assert 0 < len(result.closest) <= kb_search.CLOSEST_ON_ABSTAIN
+    assert result.abstained and result.hits  # nothing hidden behind the gate: the client judges
+    monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=-1e6))
+    passed = searcher.search("zebra crossing quantum sourdough", mode="hybrid")
+    assert not passed.abstained and passed.ranked_notes() == result.ranked_notes()  # the same notes either way
+    text, structured = format_search(result, [], 20_000)
+    assert text.startswith('Low confidence for "zebra crossing quantum sourdough"') and structured["abstained"] is True
+    assert [h["path"] for h in structured["hits"]] == [h.path for h in result.hits]
 
 
 @pytest.mark.parametrize("query", ["the of and", "的 了 是", "什么 怎么 多久"])
@@ -158,7 +182,7 @@ def test_an_english_only_model_counts_for_the_share_of_a_chinese_query_it_reads(
     only_model = [h for h in result.hits if h.keyword_rank is None]
     assert result.hits[0].path == "进程.md" and only_model
     for hit in only_model:
-        assert hit.score == pytest.approx(searcher.cfg.semantic_weight * share / (searcher.cfg.rrf_k + model_rank[hit.chunk_id]))
+        assert hit.score == pytest.approx(share / (searcher.cfg.rrf_k + model_rank[hit.chunk_id]))
 
 
 def test_cosine_gate_stays_open_in_a_vault_too_small_to_calibrate(searcher, monkeypatch):
@@ -243,7 +267,7 @@ def test_cosine_gate_passes_a_clear_match_and_stops_noise(topic_vault, make_engi
     hit = searcher.search("what about topic7", mode="semantic")
     assert not hit.abstained and hit.hits[0].path == "note07.md"
     noise = searcher.search("quantum sourdough violin", mode="semantic")  # equally far from every note
-    assert noise.abstained and noise.closest  # still names the nearest notes
+    assert noise.abstained and noise.hits  # still shows the nearest notes
 
 
 def test_search_with_two_models_reports_the_mean_of_their_cosines(small_vault, make_engine):
@@ -267,6 +291,43 @@ def test_snippet_centres_on_first_matched_term():
     chunk = ChunkRecord("c", "p.md", "", 1, 1, text, "", "")
     snippet = make_snippet(chunk, ["magic"], 120)
     assert "MAGIC" in snippet and snippet.startswith("…") and snippet.endswith("…") and len(snippet) <= 122
+
+
+def test_snippet_starts_at_a_sentence_whose_snippet_holds_most_of_the_words_not_at_the_first_match():
+    from kb_state import ChunkRecord
+
+    text = (
+        "The backup box sits under the desk. "
+        + "Filler about the hardware and the cables. " * 8
+        + "The nightly backup timer fires at 02:30 with a random delay.\n"
+        + "Unrelated closing words here. " * 8
+    )
+    chunk = ChunkRecord("c", "p.md", "", 1, 1, text, "", "")
+    snippet = make_snippet(chunk, ["nightly", "backup", "timer"], 120)
+    assert "The nightly backup timer fires at 02:30" in snippet and "box" not in snippet, snippet
+    assert snippet.startswith(("…Filler about", "…The nightly")), snippet  # a sentence's start
+    # a rare word outweighs two common ones (idf): the sentence with "02:30" wins over "backup box"
+    weighted = make_snippet(chunk, ["backup", "02:30", "box"], 120, {"backup": 0.1, "box": 0.1, "02:30": 5.0})
+    assert "02:30" in weighted and "box sits" not in weighted, weighted
+
+
+def test_a_note_found_only_by_an_alternative_shows_the_alternatives_words(tmp_path, make_engine):
+    """A hit found only by an alternative (a translation) showed its chunk's opening, not the words that matched."""
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    opening = "这一节先讲历史背景和一些无关的内容。" * 12
+    (vault / "笔记.md").write_text(
+        f"# 笔记\n\n{opening}\n\n周末跑步的配速是六分钟一公里。\n\n" + "其他内容。" * 40, encoding="utf-8"
+    )
+    (vault / "other.md").write_text("# Other\n\nNothing about running at all.\n", encoding="utf-8")
+    engine = make_engine(vault, HashEmbedder())
+    engine.sync_all()
+    cfg = replace(engine.cfg, snippet_chars=80)
+    searcher = Searcher(engine)
+    searcher.cfg = cfg
+    result = searcher.search("weekend running pace", alternatives=["周末 跑步 配速"], mode="keyword")
+    hit = next(h for h in result.hits if h.path == "笔记.md")
+    assert hit.found_by == ("alt 1",) and "周末跑步的配速" in hit.snippet, hit.snippet
 
 
 @pytest.mark.parametrize(("pool", "low", "high"), [(1, 0.0, 0.0), (250, 2.6, 2.7), (15_000, 3.8, 3.9)])
@@ -359,20 +420,22 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     engine.sync_all()
     # No list finds the Chinese note (no cross-lingual list): only the translation step brings it.
     result = Searcher(engine, Tuning(cross_weight=0.0)).search("roll back a broken release", mode="hybrid", top_k=5)
-    paths = [h.path for h in result.hits]
-    assert paths[0] == "en/rollback.md"
-    assert (paths[1:2] == ["zh/rollback.md"]) is follows  # else forty notes with two words of the query come first
-    # The reply says which hit it translates, so the client need not read both.
-    labelled = {h.path: h.translation_of for h in result.hits if h.translation_of}
-    assert labelled == ({"zh/rollback.md": "en/rollback.md"} if follows else {})
+    assert result.hits[0].path == "en/rollback.md"
+    # The translation is named on the note's own entry and takes no entry of its own (else forty notes with two words
+    # of the query come first, and it is not named at all).
+    assert result.hits[0].translation == ("zh/rollback.md" if follows else None)
+    if follows:
+        assert "zh/rollback.md" not in [h.path for h in [*result.hits, *result.more]]
     text, structured = format_search(result, [], 20_000)
-    assert ("[2] zh/rollback.md:1-3 · 回滚 · translation of [1] ·" in text) is follows
-    # In the query's language first: a Chinese question puts the Chinese note first, the English one follows.
+    assert ("[1] en/rollback.md:1-3 · Roll back a release\n" in text) and (
+        "\n[2] zh/rollback.md:1-3 · translation of [1]\n" in text
+    ) is follows, text
+    assert structured["hits"][0]["translation"] == ("zh/rollback.md" if follows else None)
+    # In the query's language first: a Chinese question's entry is the Chinese note, the English one folded in.
     if follows:
         zh_first = Searcher(engine, Tuning(cross_weight=0.0)).search("发布失败时怎么回滚 rollback", mode="hybrid", top_k=5)
-        got = [h.path for h in zh_first.hits[:2]]
-        assert got == ["zh/rollback.md", "en/rollback.md"], got
-    assert [h["translation_of"] for h in structured["hits"][:2]] == [None, "en/rollback.md" if follows else None]
+        got = [(h.path, h.translation) for h in zh_first.hits[:1]]
+        assert got == [("zh/rollback.md", "en/rollback.md")], got
     keyword = Searcher(engine).search("roll back a broken release", mode="keyword", top_k=5)  # hybrid mode only
     assert "zh/rollback.md" not in [h.path for h in keyword.hits]
 
@@ -418,8 +481,8 @@ def test_a_word_just_written_comes_first_though_the_models_find_nothing_for_it(t
         assert hits and hits[0].path == f"n{i:02}.md", (word, [h.path for h in hits])
 
 
-def test_only_a_notes_hits_after_its_translations_first_hit_are_marked_as_its_translation(tmp_path, make_engine):
-    """A note's later chunk that follows its own translation is not the translation of that translation."""
+def test_collect_folds_a_notes_translation_into_the_entry_of_the_first_of_the_two(tmp_path, make_engine):
+    """A translation took an entry of its own: "how do I give a note another name" showed two notes in five slots."""
     vault = tmp_path / "vault"
     (vault / "en").mkdir(parents=True)
     (vault / "zh").mkdir()
@@ -431,13 +494,12 @@ def test_only_a_notes_hits_after_its_translations_first_hit_are_marked_as_its_tr
     en, zh = (list(engine.files[p].chunks) for p in ("en/a.md", "zh/a.md"))
     assert len(en) >= 2 and len(zh) >= 2
     ranked = [(zh[0], 0.3), (en[0], 0.3), (zh[1], 0.2), (en[1], 0.1)]
-    hits = Searcher(engine)._collect(ranked, 4, {}, {}, [], {"zh/a.md": "en/a.md", "en/a.md": "zh/a.md"})
-    assert [(h.path, h.translation_of) for h in hits] == [
-        ("zh/a.md", None),
-        ("en/a.md", "zh/a.md"),
-        ("zh/a.md", None),  # zh/a.md came first: it is the original here
-        ("en/a.md", "zh/a.md"),
-    ]
+    pairs = {"zh/a.md": "en/a.md", "en/a.md": "zh/a.md"}
+    hits, more = Searcher(engine)._collect(ranked, {cid for cid, _ in ranked}, 4, {}, {}, pairs, {}, [])
+    assert more == [] and [(h.path, h.translation) for h in hits] == [("zh/a.md", "en/a.md")]  # zh/a.md came first
+    lines = {cid: (c.line_start, c.line_end) for cid, c in engine.chunks.items()}
+    assert hits[0].ranges == kb_search.merge_ranges([lines[zh[0]], lines[zh[1]]])
+    assert hits[0].translation_ranges == kb_search.merge_ranges([lines[en[0]], lines[en[1]]])
 
 
 # ---- the client's alternatives ----------------------------------------------------------------------------------
@@ -448,10 +510,10 @@ def test_alternatives_find_what_the_query_misses_and_each_hit_says_who_found_it(
     assert "笔记.md" not in _paths(plain)  # the English words are nowhere in the Chinese note
     result = searcher.search("how far do I run on weekends", alternatives=["周末 跑步 公里"], mode="hybrid")
     assert result.hits[0].path == "笔记.md"
-    assert "alternative 1" in result.hits[0].found_by
+    assert "alt 1" in result.hits[0].found_by
     assert result.alternatives == ["周末 跑步 公里"]
     text, structured = format_search(result, [], 20_000)
-    assert 'also searched: [alternative 1] "周末 跑步 公里"' in text and "found by" in text
+    assert 'Also searched: alt 1 "周末 跑步 公里"' in text and "found by" in text
     assert structured["hits"][0]["found_by"] == list(result.hits[0].found_by) or structured["hits"][0]["found_by"]
 
 
@@ -474,10 +536,9 @@ def test_alternatives_alone_do_not_make_an_offtopic_question_relevant(searcher, 
     monkeypatch.setattr(kb_background, "MIN_BACKGROUND", 1)
     monkeypatch.setattr(kb_background, "NEAREST_EXCLUDED", 0)
     off = searcher.search("zebra crossing quantum sourdough", alternatives=["斑马线 量子 酸面包", "zebra quantum bread"])
-    assert off.abstained
-    assert off.low_confidence and off.low_confidence[0].path in off.closest  # the nearest passages, to judge
+    assert off.abstained and off.hits  # the nearest notes, to judge
     text, structured = format_search(off, [], 20_000)
-    assert "Nearest passages (low confidence" in text and structured["low_confidence"]
+    assert text.startswith("Low confidence") and structured["abstained"] and structured["hits"]
     on = searcher.search("zebra crossing quantum sourdough", alternatives=["PostgreSQL ledger", "vendor API rate limit"])
     assert not on.abstained  # the client's keywords are in a note: evidence
 
@@ -489,7 +550,7 @@ def test_alternatives_with_no_word_in_the_vault_undo_a_pass_on_cosines_alone(sea
     query = "zebra crossing quantum sourdough"
     assert not searcher.search(query).abstained  # alone, the query's cosines decide
     off = searcher.search(query, alternatives=["斑马线 量子 酸面包", "zebra quantum bread"])
-    assert off.abstained and off.low_confidence
+    assert off.abstained and off.hits
     on = searcher.search(query, alternatives=["zebra quantum bread", "PostgreSQL migration ledger"])
     assert not on.abstained  # one alternative's words are in a note
     keyword_pass = searcher.search("PostgreSQL ledger", alternatives=["斑马线 量子 酸面包"])
@@ -536,7 +597,7 @@ def test_an_identifier_comes_first_before_its_notes_translation_in_the_querys_la
     engine = make_engine(vault, HashEmbedder(name="multilingual-hash"))
     engine.sync_all()
     hits = Searcher(engine).search("zq0e3ba105b1 那个是什么", mode="hybrid").hits
-    assert [(h.path, h.translation_of) for h in hits[:2]] == [("en/tar.md", None), ("zh/tar.md", "en/tar.md")]
+    assert [(h.path, h.translation) for h in hits[:1]] == [("en/tar.md", "zh/tar.md")]
 
 
 def test_an_identifier_many_notes_hold_is_ranked_as_usual(searcher):
@@ -576,8 +637,7 @@ def test_a_translation_is_found_once_its_vectors_arrive_after_the_first_search(t
     searcher._background.notes_for("multilingual-hash")  # built while no note has a vector
     engine.embed_pending()
     result = searcher.search("roll back a broken release", mode="hybrid", top_k=5)
-    assert [h.path for h in result.hits[:2]] == ["en/rollback.md", "zh/rollback.md"]
-    assert result.hits[1].translation_of == "en/rollback.md"
+    assert [(h.path, h.translation) for h in result.hits[:1]] == [("en/rollback.md", "zh/rollback.md")]
 
 
 def test_the_translation_steps_note_vectors_are_each_notes_mean_across_passes(tmp_path, make_engine, monkeypatch):
@@ -635,3 +695,40 @@ def test_the_translation_steps_note_vectors_are_held_once(tmp_path, make_engine)
     assert notes == 300 and held < 1.5 * vectors, held / vectors
     result = searcher.search("release 7 word7", mode="hybrid", top_k=4)
     assert [h.path for h in result.hits[:2]] == ["en/n7.md", "zh/n7.md"], [h.path for h in result.hits]
+
+
+# ---- the reply the client reads -----------------------------------------------------------------------------------
+
+
+def _hit(path: str, line: int, **kw) -> kb_search.Hit:
+    fields = {"snippet": "", "score": 0.1, "keyword_rank": None, "cosine": None, "chunk_id": f"{path}#{line}"}
+    return kb_search.Hit(path, path.rsplit("/", 1)[-1].removesuffix(".md"), "", line, line + 9, **(fields | kw))
+
+
+def test_format_search_lists_further_notes_one_line_each_within_todays_length():
+    """The default reply showed 3.5-4.2 distinct notes in ~1,900 characters; the tail fills that space with more."""
+    import kb_tools
+
+    hits = [_hit(f"notes/entry{i}.md", 10 * i, snippet="s" * 240, ranges=((10 * i, 10 * i + 9),)) for i in range(4)]
+    more = [_hit(f"notes/candidate{i}.md", 5, ranges=((5, 14), (40, 44)), translation=f"zh/c{i}.md") for i in range(30)]
+    result = kb_search.SearchResult("q", "hybrid", hits, abstained=False, more=more)
+    text, structured = format_search(result, [], 20_000)
+    listing = text.split("\n", 1)[1]
+    assert len(listing) <= kb_tools.LISTING_CHARS and 4 < len(structured["hits"]) + len(structured["more"]) < 34
+    listed = len(structured["hits"]) + 2 * len(structured["more"])  # each candidate with its translation
+    assert text.startswith(f'{listed} notes for "q"')
+    assert "\n[5] notes/candidate0.md:5-14, 40-44\n[6] zh/c0.md · translation of [5]\n" in text  # path:lines, no snippet
+    assert [h["path"] for h in structured["more"]] == [h.path for h in more[: len(structured["more"])]]
+
+
+def test_format_search_says_low_confidence_in_one_sentence_and_lists_the_same_notes():
+    hits = [_hit("a.md", 1, snippet="alpha"), _hit("b.md", 3, snippet="beta")]
+    sure = format_search(kb_search.SearchResult("q", "hybrid", hits, abstained=False), [], 20_000)[0]
+    unsure, structured = format_search(kb_search.SearchResult("q", "hybrid", hits, abstained=True), [], 20_000)
+    assert unsure.split("\n")[0].startswith('Low confidence for "q"') and structured["abstained"] is True
+    assert sure.split("\n", 1)[1] == unsure.split("\n", 1)[1]  # the same entries below the first line
+
+
+def test_format_search_with_no_candidate_says_the_notes_do_not_cover_it():
+    text, structured = format_search(kb_search.SearchResult("q", "hybrid", [], abstained=True), [], 20_000)
+    assert text.startswith('Nothing in the notes matches "q"') and structured["hits"] == [] == structured["more"]
