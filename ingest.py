@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_cli_config(args)
         embedder = config_embedder(cfg, allow_download=True)
-        engine = Engine(cfg, embedder, embed_workers=INGEST_WORKERS)
+        engine = Engine(cfg, embedder, embed_workers=INGEST_WORKERS, embed_processes=True)
         engine.allow_mass_delete = args.allow_mass_delete
         progress, close = _progress_bar(not args.quiet and sys.stderr.isatty())
         try:

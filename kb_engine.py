@@ -38,8 +38,10 @@ from kb_embedrun import (
     RunMeter,
     SearchGate,
     coverage_note,
+    embed_here,
     embed_sliced,
     embeds,
+    forked_models,
     plan_models,
     policy_signature,
     run_workers,
@@ -151,13 +153,21 @@ class Engine:
     """
 
     def __init__(
-        self, cfg: Config, embedder: Embedder | None = None, *, tokenizer: Tokenizer | None = None, embed_workers: int = 1
+        self,
+        cfg: Config,
+        embedder: Embedder | None = None,
+        *,
+        tokenizer: Tokenizer | None = None,
+        embed_workers: int = 1,
+        embed_processes: bool = False,
     ) -> None:
         """`embed_workers`: threads that embed side by side, each running one model call at a time (the ingest CLI
-        and the server: every core; the server's pause while a search runs)."""
+        and the server: every core; the server's pause while a search runs). `embed_processes`: each thread's model
+        calls run in a process forked for the run (kb_embedrun.forked_models; only where nothing else runs threads)."""
         self.cfg = cfg
         self.embedder: Embedder = embedder or config_embedder(cfg)
         self.embed_workers = embed_workers
+        self.embed_processes = embed_processes
         self.search_gate = SearchGate()  # searches running: the embedding run pauses between model calls meanwhile
         self.meter = RunMeter()  # each model's embedding rate in this process: the time left of a first index
         self.tokenizer = tokenizer or Tokenizer(
@@ -882,7 +892,7 @@ class Engine:
                     return
                 plan, texts = task
                 vectors = embed_sliced(
-                    plan, list(texts.values()), self.search_gate, self.meter, lambda: self.cancel or stop.is_set()
+                    plan, list(texts.values()), self.search_gate, self.meter, lambda: self.cancel or stop.is_set(), call
                 )
                 if vectors is None:
                     return
@@ -899,8 +909,9 @@ class Engine:
                         stage = "embed" if plan.whole else f"embed:{plan.name}"
                         progress(stage, done[plan.index], max(totals[plan.index], done[plan.index]))
 
+        forked = forked_models(plans, workers) if self.embed_processes else contextlib.nullcontext(embed_here)
         try:
-            with single_blas_thread() if workers > 1 else contextlib.nullcontext():
+            with single_blas_thread() if workers > 1 else contextlib.nullcontext(), forked as call:
                 run_workers(workers, work, stop)
         finally:
             report.chunks_embedded += len(embedded)

@@ -58,7 +58,8 @@ async def run(config: Path, errlog: Any, interval_s: float, timeout_s: float, pi
     first_full: float | None = None
     all_full: float | None = None
     peak: float | None = None
-    async with launch(config, errlog, pidfile=pidfile, read_timeout_s=CALL_TIMEOUT_S) as server:
+    # A server of its own (--no-shared): its pid is the one that indexes, so its peak memory is the one measured.
+    async with launch(config, errlog, pidfile=pidfile, read_timeout_s=CALL_TIMEOUT_S, extra_args=["--no-shared"]) as server:
         session, t0 = server.client, server.started
         i = 0
         while time.perf_counter() - t0 < timeout_s:

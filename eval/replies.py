@@ -94,7 +94,7 @@ def open_engine(kb_dir: Path, index_dir: Path, sets: dict[str, Any] | None = Non
 
     overrides = {"kb_dir": str(kb_dir.resolve()), "data_dir": str(index_dir.resolve()), **(sets or {})}
     cfg = load_config(None, env={}, overrides=overrides)
-    engine = Engine(cfg, config_embedder(cfg, workers=INGEST_WORKERS))
+    engine = Engine(cfg, config_embedder(cfg, workers=INGEST_WORKERS), embed_workers=INGEST_WORKERS, embed_processes=True)
     engine.sync_all()
     if engine.model_error:
         raise KBError(engine.model_error)

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         from kb_vectors import config_embedder
 
         embedder = config_embedder(cfg)
-        engine = Engine(cfg, embedder, embed_workers=args.threads or INGEST_WORKERS)
+        engine = Engine(cfg, embedder, embed_workers=args.threads or INGEST_WORKERS, embed_processes=True)
         t0 = time.perf_counter()
         sync = engine.sync_all()
         if engine.model_error and any(m in ("hybrid", "semantic") for m in modes):

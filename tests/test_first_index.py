@@ -330,3 +330,35 @@ def test_ingest_runs_blas_on_one_thread_so_its_embedding_workers_do_not_fight_it
         [sys.executable, "-c", code], cwd=repo, env=env | {"OPENBLAS_NUM_THREADS": "2"}, capture_output=True, text=True
     )
     assert own.stdout.strip() == "[2]"  # a user's own setting wins
+
+
+def test_worker_processes_store_the_same_rows_as_one_thread(mixed_vault, tmp_path):
+    one = _engine(mixed_vault, tmp_path / "one", embed_workers=1)
+    pair = _pair()
+    forked = _engine(mixed_vault, tmp_path / "forked", pair, embed_workers=2, embed_processes=True)
+    one.sync_all()
+    report = forked.sync_all()
+
+    assert report.chunks_embedded == len({c.content for c in forked.chunks.values()})
+    assert all(part.texts == ["load"] for part in pair.parts)  # the children embedded; here only the load probe ran
+    for c in one.chunks.values():
+        assert np.array_equal(one.store.vector(c.content), forked.store.vector(c.content))
+        assert one.store.parts_of(c.content) == forked.store.parts_of(c.content)
+
+
+def test_a_model_failing_in_a_worker_process_ends_the_run_with_the_reason(mixed_vault, tmp_path):
+    from kb_config import ModelUnavailableError
+
+    pair = _pair()
+    calls = []
+
+    def broken(texts):
+        calls.append(texts)
+        if len(calls) > 1:  # the load probe passes; the first real call, in a child, fails
+            raise ModelUnavailableError("the English model ran out of memory")
+        return HashEmbedder(dim=16, name=MINILM).embed_documents(texts)
+
+    pair.parts[1].embed_documents = broken
+    engine = _engine(mixed_vault, tmp_path / "data", pair, embed_workers=2, embed_processes=True)
+    engine.sync_all()
+    assert engine.model_error == "the English model ran out of memory"
