@@ -197,13 +197,13 @@ def coverage_note(coverage: Sequence[Coverage], seconds_left: float | None, runn
         return text + "; the rest is being indexed"
     if seconds_left is None:
         return text + "; indexing"
-    return text + f"; indexing, about {_duration(seconds_left)} left"
+    return text + f"; indexing, {_time_left(seconds_left)} left"
 
 
-def _duration(seconds: float) -> str:
-    if seconds < MINUTE_S:
-        return "1 min" if seconds > MINUTE_S / 2 else "less than a minute"
-    return f"{math.ceil(seconds / MINUTE_S)} min"
+def _time_left(seconds: float) -> str:
+    if seconds < MINUTE_S / 2:
+        return "less than a minute"
+    return f"about {max(1, math.ceil(seconds / MINUTE_S))} min"
 
 
 @contextlib.contextmanager

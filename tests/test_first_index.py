@@ -362,3 +362,12 @@ def test_a_model_failing_in_a_worker_process_ends_the_run_with_the_reason(mixed_
     engine = _engine(mixed_vault, tmp_path / "data", pair, embed_workers=2, embed_processes=True)
     engine.sync_all()
     assert engine.model_error == "the English model ran out of memory"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "says"),
+    [(10.0, "indexing, less than a minute left"), (40.0, "indexing, about 1 min left"), (61.0, "indexing, about 2 min left")],
+)
+def test_coverage_note_words_the_time_left_as_people_read_it(seconds, says):
+    note = kb_embedrun.coverage_note([kb_embedrun.Coverage(USE, 10, 20)], seconds, running=True)
+    assert note.endswith(says)
