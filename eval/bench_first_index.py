@@ -90,6 +90,14 @@ async def run(config: Path, errlog: Any, interval_s: float, timeout_s: float, pi
             await anyio.sleep(max(0.0, interval_s - (time.perf_counter() - q0)))
         if server.pid is not None:
             peak = peak_memory_mb(server.pid)[0]
+    return summarize(rounds, first_full, all_full, peak)
+
+
+def summarize(
+    rounds: list[dict[str, Any]], first_full: float | None, all_full: float | None, peak: float | None
+) -> dict[str, Any]:
+    """The run's numbers from its rounds: when each coverage was reached, how many semantic replies came before full
+    coverage and how many of them said how much was covered, their latency."""
     before = [r for r in rounds[:-1] if r["mode"] != "keyword"] if all_full is not None else rounds
     latencies = [r["search_ms"] for r in before]
     return {
@@ -98,8 +106,8 @@ async def run(config: Path, errlog: Any, interval_s: float, timeout_s: float, pi
         "replies_before_full": len(before),
         "replies_saying_coverage": sum(1 for r in before if r["says_coverage"]),
         "keyword_only_replies": sum(1 for r in rounds if r["mode"] == "keyword"),
-        "search_ms_p50": percentile(latencies, 50) if latencies else None,
-        "search_ms_p95": percentile(latencies, 95) if latencies else None,
+        "search_ms_p50": percentile(latencies, 0.5) if latencies else None,
+        "search_ms_p95": percentile(latencies, 0.95) if latencies else None,
         "peak_rss_mb": round(peak) if peak else None,
         "rounds": rounds,
     }

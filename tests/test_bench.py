@@ -172,3 +172,20 @@ def test_plant_identifiers_puts_every_planted_note_first_and_leaves_the_vault_al
     assert result["rounds"] == 3 and result["searches"] == result["first"] == 9 and not result["misses"]
     assert (tmp_path / "plant" / "vault" / "fresh-0-0.md").is_file()
     assert {p: p.read_bytes() for p in SAMPLE_KB.rglob("*") if p.is_file()} == before
+
+
+def test_bench_first_index_summarizes_its_rounds():
+    spec = importlib.util.spec_from_file_location("eval_bench_first_index", REPO_ROOT / "eval" / "bench_first_index.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rounds = [
+        {"mode": "keyword", "search_ms": 900.0, "says_coverage": False},
+        {"mode": "hybrid", "search_ms": 40.0, "says_coverage": True},
+        {"mode": "hybrid", "search_ms": 60.0, "says_coverage": True},
+        {"mode": "hybrid", "search_ms": 50.0, "says_coverage": False},  # the round that found every chunk covered
+    ]
+    got = module.summarize(rounds, first_full=12.0, all_full=30.0, peak=250.4)
+    assert got["replies_before_full"] == 2 and got["replies_saying_coverage"] == 2
+    assert got["keyword_only_replies"] == 1
+    assert (got["search_ms_p50"], got["search_ms_p95"]) == (40.0, 60.0)
+    assert (got["multilingual_full_s"], got["all_models_full_s"], got["peak_rss_mb"]) == (12.0, 30.0, 250)
