@@ -225,6 +225,22 @@ def test_second_session_attaches_to_the_running_shared_server_over_a_private_soc
     assert files.count(".sock") == 1  # one server, one socket
 
 
+def test_first_index_runs_once_in_the_shared_server_and_every_session_sees_its_coverage(tmp_path, runtime):
+    config = write_config(tmp_path)
+    with session(config, runtime) as a:
+        a.initialize()
+        a.call("search_my_knowledge_base", {"query": "backup timer"})
+        with session(config, runtime) as b:
+            b.initialize()
+            first = a.call("index_status")["result"]["structuredContent"]
+            second = b.call("index_status")["result"]["structuredContent"]
+    assert first["serving"]["pid"] == second["serving"]["pid"]
+    assert first["semantic_coverage"] == second["semantic_coverage"]
+    assert first["semantic_coverage"]["hash-embedder"]["embedded"] == first["semantic_coverage"]["hash-embedder"]["of"] > 0
+    # One first index: the second session's server did not sync again.
+    assert first["last_sync"] == second["last_sync"] and first["last_sync_summary"] == second["last_sync_summary"]
+
+
 def test_two_relays_starting_at_once_end_up_with_one_server(tmp_path, runtime):
     config = write_config(tmp_path)
     sessions = [Session(config, runtime) for _ in range(3)]
