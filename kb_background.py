@@ -44,6 +44,8 @@ CJK_CACHE_CHUNKS = 500_000
 
 # Language markers a translation's file name may carry beside its original's ("setup.zh.md", "setup_en.md").
 _LANGUAGE_SUFFIX_RE = re.compile(r"[._\-](?:zh|cn|en|zh[_\-](?:cn|hans|hant|tw|hk))$", re.I)
+# Folder names that hold one language's copy of a tree ("en/guide/setup.md" beside "zh/guide/setup.md").
+LANGUAGE_FOLDERS = ("en", "zh", "cn", "zh-cn", "zh_cn", "zh-hans", "zh-hant", "zh-tw", "en-us", "en_us")
 
 Ranked = list[tuple[str, float]]
 # The background sample: chunk ids, their stored vectors (one row each) and each id's row.
@@ -168,6 +170,8 @@ class Background:
         of their chunks' vectors; two languages rarely chunk a text alike), they have the same headings at the same
         levels, and either the same file name (less a language marker) or at least two headings: a translation keeps
         its original's shape, and two short one-heading notes of a small vault are each other's nearest by default.
+        Where a note's path with a language folder swapped (`en/…`, `zh/…`) names a note in the other language, that
+        note is the one tested instead of the nearest.
         """
         notes = self._note_matrix(model)
         if notes is None or len(notes.paths) < 2:
@@ -187,8 +191,9 @@ class Background:
         for path in head:
             if path in pairs:
                 continue
-            other = self._nearest_other(notes, path)
-            if other is None or other in pairs or self._nearest_other(notes, other) != path:
+            mirror = _mirror(notes, path)  # the same path in the other language's folder: that is its translation
+            other = mirror or self._nearest_other(notes, path)
+            if other is None or other in pairs or (mirror is None and self._nearest_other(notes, other) != path):
                 continue
             a, b = records.get(path) or view.record(path), view.record(other)
             if a is None or b is None or not b.chunks or not _same_shape(path, a.headings, other, b.headings):
@@ -321,6 +326,24 @@ def _second_first(first: str, second: str, other_language: bool, named: Collecti
     if (first in named) != (second in named):
         return second in named
     return other_language
+
+
+def _mirror(notes: _NoteMatrix, path: str) -> str | None:
+    """The note at `path` with one of its folders swapped for another language's (LANGUAGE_FOLDERS), when that note
+    is in the other language: a tree kept in two languages. Its nearest note in the other language may be another
+    (two chapters' summaries read alike: hello-algo's en/chapter_stack_and_queue/summary.md and
+    zh/chapter_heap/summary.md were each other's nearest)."""
+    parts = path.split("/")
+    language = bool(notes.cjk[notes.row[path]])
+    for i, folder in enumerate(parts[:-1]):
+        if folder.casefold() not in LANGUAGE_FOLDERS:
+            continue
+        for marker in LANGUAGE_FOLDERS:
+            other = "/".join([*parts[:i], marker, *parts[i + 1 :]])
+            row = notes.row.get(other)
+            if other != path and row is not None and bool(notes.cjk[row]) != language:
+                return other
+    return None
 
 
 def _same_shape(a: str, heads_a: tuple[int, ...], b: str, heads_b: tuple[int, ...]) -> bool:

@@ -440,6 +440,20 @@ def test_a_found_note_brings_its_translation_right_after_it(tmp_path, make_engin
     assert "zh/rollback.md" not in [h.path for h in keyword.hits]
 
 
+def test_a_note_in_a_language_folder_is_paired_with_the_same_path_in_the_other_languages_folder(tmp_path, make_engine):
+    """hello-algo's en/chapter_stack_and_queue/summary.md and zh/chapter_heap/summary.md were each other's nearest
+    notes: two chapters' summaries read alike. The tree kept in two languages names the translation."""
+    vault = _translated_vault(tmp_path, _SAME_COMMANDS)
+    (vault / "zh" / "rollback.md").write_text("# 回滚\n\n发布失败时回滚到上一个版本。\n", encoding="utf-8")
+    (vault / "zh" / "deploy").mkdir()  # another chapter's note with the same name, nearer by its commands
+    (vault / "zh" / "deploy" / "rollback.md").write_text(f"# 部署\n\n部署新版本：{_SAME_COMMANDS}\n", encoding="utf-8")
+    engine = make_engine(vault, HashEmbedder(name="multilingual-hash"))
+    engine.sync_all()
+    result = Searcher(engine, Tuning(cross_weight=0.0)).search("roll back a broken release", mode="hybrid", top_k=5)
+    assert result.hits[0].path == "en/rollback.md"
+    assert result.hits[0].translation == "zh/rollback.md"
+
+
 class _Unplaced(HashEmbedder):
     """A multilingual model that cannot place a query: each query gets a random direction (seeded by its text)."""
 
