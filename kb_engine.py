@@ -750,9 +750,12 @@ class Engine:
 
     def coverage(self) -> list[Coverage]:
         """For each model, in the order a first index embeds them, how many of the chunks it embeds have its vector
-        (empty when the model failed, the vectors are not loaded yet, or the notes read are not committed yet)."""
-        if self.model_error is not None or self._vectors_deferred or (not self.state.files and self.view.chunk_count()):
+        (empty when the model failed or the vectors are not loaded yet). Before a first index commits the notes it
+        read (the keyword view already answers), the first model covers none of the view's chunks."""
+        if self.model_error is not None or self._vectors_deferred:
             return []
+        if not self.state.files and self.view.chunk_count():
+            return [Coverage(self.plans[0].name, 0, self.view.chunk_count())]
         try:
             total = len(self._state_contents())
             out = []

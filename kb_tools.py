@@ -458,8 +458,9 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         )
     else:
         head = (
-            f'{n} notes for "{result.query}" ({result.mode}), best first; a translation answers as its note does. '
-            "Judge which answer; cite path:lines."
+            f'{n} notes for "{result.query}" ({result.mode}), best first. Judge which answer: often several do (the '
+            "topic's own note, a summary or overview covering it, a translation, which answers as its note does); cite "
+            "each path:lines."
         )
     if len(structured["hits"]) < len(result.hits):
         structured["truncated"] = True

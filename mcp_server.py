@@ -187,8 +187,8 @@ def build_server(kb: "KnowledgeBase") -> Any:
         Returns one entry per note, best first: `path:lines` of its matching passages, heading, which strings
         found it, its translation (the same text in the other language: it answers as the note does), a snippet; then
         more candidate notes, one line each. The order is the server's guess: read the whole list, judge yourself
-        which notes answer (a candidate's path or heading may be the answer), open promising ones with read_note, and
-        cite path:lines. A reply starting "Low confidence" matched nothing clearly: use a note only if it plainly
+        which notes answer (often several: the topic's own note, a summary covering it, a translation; a candidate's
+        path or heading may be the answer), open promising ones with read_note, and cite each path:lines. A reply starting "Low confidence" matched nothing clearly: use a note only if it plainly
         answers, else tell the user the notes do not cover it."""
         return run(kb.search, query, alternatives, top_k, path_prefix, mode, tag, modified_within_days, where, date_from, date_to)
 

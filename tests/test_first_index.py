@@ -208,6 +208,16 @@ def test_coverage_note_says_how_much_is_covered_until_every_chunk_has_its_vector
     assert engine.coverage_note() is None and engine.seconds_left() is None
 
 
+def test_coverage_note_says_nothing_is_covered_while_the_notes_read_are_not_committed(mixed_vault, tmp_path, monkeypatch):
+    """A server's first search answers from the keyword view before the first commit (bench_first_index saw a hybrid
+    reply 7 s after launch that said nothing of its coverage)."""
+    engine = _engine(mixed_vault, tmp_path / "data")
+    engine.sync_all(embed_limit=0)
+    monkeypatch.setattr(engine.state, "files", {})  # the view holds the notes read; state.json has none of them yet
+    chunks = engine.view.chunk_count()
+    assert engine.coverage_note() == f"semantic results cover 0 of {chunks} passages; the rest is being indexed"
+
+
 def test_coverage_note_gives_the_time_left_from_the_rates_measured():
     coverage = [kb_embedrun.Coverage(USE, 7889, 7889), kb_embedrun.Coverage(MINILM, 1024, 3402, skipped=4487)]
     meter = kb_embedrun.RunMeter()
