@@ -458,9 +458,8 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         )
     else:
         head = (
-            f'{n} notes for "{result.query}" ({result.mode}), best first. Judge which answer: often several do (the '
-            "topic's own note, a summary or overview covering it, a translation, which answers as its note does); cite "
-            "each path:lines."
+            f'{n} notes for "{result.query}" ({result.mode}), best first. Often several answer (a topic\'s note, a '
+            "summary of it, a translation): judge which; cite each path:lines."
         )
     if len(structured["hits"]) < len(result.hits):
         structured["truncated"] = True
