@@ -35,6 +35,8 @@ def shown_notes(reply: str, paths: list[str]) -> list[str]:
     """The vault's note paths that appear in `reply`, in the order the reply first shows them."""
     found = []
     for p in paths:
+        if p not in reply:  # most paths of a large vault: skip the regex (8,960 patterns overflow re's cache)
+            continue
         m = re.search(_PATH_EDGE + re.escape(p) + r"(?![\w\-])", reply)
         if m:
             found.append((m.start(), p))
