@@ -450,16 +450,17 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
             structured["more"].append(h.as_dict())
         if lines:
             body += [TAIL_HEAD, *lines]
+    mode = "" if result.mode == "hybrid" else f" ({result.mode})"  # the default goes unsaid; keyword-only is news
     if result.abstained:
         head = (
-            f'Low confidence for "{result.query}" ({result.mode}): no passage passed the relevance check, so the notes '
+            f'Low confidence for "{result.query}"{mode}: no passage passed the relevance check, so the notes '
             "may not cover this. Use a note below (or its translation) only if it plainly answers; else say the notes do "
             "not cover it."
         )
     else:
         head = (
-            f'{n} notes for "{result.query}" ({result.mode}), best first. Often several answer (a topic\'s note, a '
-            "summary of it, a translation): judge which; cite each path:lines."
+            f'{n} notes for "{result.query}"{mode}, best first. Judge which answer: often several do (the topic\'s '
+            "note, a summary covering it, a translation, which answers as its note does); cite each path:lines."
         )
     if len(structured["hits"]) < len(result.hits):
         structured["truncated"] = True
