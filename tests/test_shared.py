@@ -306,6 +306,23 @@ def test_stop_shared_stops_the_server_and_clears_its_files(tmp_path, runtime):
     assert not alive(pid) and not list(folder(runtime).glob("*.sock"))
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_stop_counts_a_server_that_exited_but_is_not_yet_reaped_as_stopped():
+    """A detached server's parent is init, which may reap it late (~1.5 s in this VM): --stop-shared waited for that."""
+    from kb_relay import _wait_gone
+
+    code = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(30)\n"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        zombie = int(parent.stdout.readline())  # type: ignore[union-attr]
+        started = time.monotonic()
+        assert _wait_gone(zombie, 5.0)
+        assert time.monotonic() - started < 1.0
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_relay_path_imports_no_sdk_numpy_or_jieba(tmp_path, runtime):
     config = write_config(tmp_path)
     with session(config, runtime) as warm:
