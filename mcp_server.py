@@ -538,11 +538,10 @@ def main(argv: list[str] | None = None) -> int:
         reason = args.fallback_reason or shared_off_reason(cfg, args.no_shared)
         return serve(cfg, reason) if reason else relay(cfg, args)
     try:
-        try:
-            return self_test(cfg, args.search, args.top_k, args.mode, args.path_prefix, args.json, args.alt)
-        except BrokenPipeError:  # `--search ... | head`: the reader left; say nothing more, as other commands do
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        return self_test(cfg, args.search, args.top_k, args.mode, args.path_prefix, args.json, args.alt)
+    except BrokenPipeError:  # `--search ... | head`: the reader left; say nothing more, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

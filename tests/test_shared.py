@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kb_fixtures import REPO_ROOT
+from kb_fixtures import REPO_ROOT, wait_until
 
 from kb_config import load_config
 from kb_relay import (
@@ -33,6 +33,8 @@ from kb_relay import (
     Relay,
     SharedUnavailable,
     Upstream,
+    _is_zombie,
+    _wait_gone,
     code_signature,
     connect,
     hello_line,
@@ -177,7 +179,7 @@ def alive(pid: int) -> bool:
         return False
     with contextlib.suppress(ChildProcessError):
         return os.waitpid(pid, os.WNOHANG)[0] != pid
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    return Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
 
 
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
@@ -231,13 +233,16 @@ def test_first_index_runs_once_in_the_shared_server_and_every_session_sees_its_c
         a.initialize()
         a.call("search_my_knowledge_base", {"query": "backup timer"})
         # The first search may answer before the background embedding is done: wait for full coverage.
-        deadline = time.monotonic() + 30
-        while True:
-            first = a.call("index_status")["result"]["structuredContent"]
-            coverage = first["semantic_coverage"]["hash-embedder"]
-            if coverage["embedded"] == coverage["of"] > 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        statuses = []
+
+        def covered() -> bool:
+            statuses.append(a.call("index_status")["result"]["structuredContent"])
+            coverage = statuses[-1]["semantic_coverage"]["hash-embedder"]
+            return coverage["embedded"] == coverage["of"] > 0
+
+        wait_until(covered, 30)
+        first = statuses[-1]
+        coverage = first["semantic_coverage"]["hash-embedder"]
         with session(config, runtime) as b:
             b.initialize()
             second = b.call("index_status")["result"]["structuredContent"]
@@ -309,8 +314,6 @@ def test_stop_shared_stops_the_server_and_clears_its_files(tmp_path, runtime):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_stop_counts_a_server_that_exited_but_is_not_yet_reaped_as_stopped():
     """A detached server's parent is init, which may reap it late (~1.5 s in this VM): --stop-shared waited for that."""
-    from kb_relay import _wait_gone
-
     code = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(30)\n"
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
