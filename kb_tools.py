@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,9 @@ HEAD_ROOM = 200
 # Characters of a search reply's listing (its entries and the tail of further notes): about a reply's length before
 # the tail (1,857-1,912 characters on the three dev sets), which the tail fills with more distinct notes.
 LISTING_CHARS = 1700
+# Notes the tail always has room for: where the entries' snippets would fill the listing (long English passages),
+# they are cut (the longest first, to no less than half the longest) so that the next note is still named.
+TAIL_MIN_NOTES = 1
 # The line that opens the tail.
 TAIL_HEAD = "\nMore candidates (path:lines · heading), no snippet; read_note opens one:"
 # Room read_note keeps for its header's fixed words (the longest: a cut line's notice plus the "call again" remark);
@@ -400,7 +403,8 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
 
     One entry per note: `path:lines` (every matching passage, merged), heading, which strings found it, a snippet,
     and its translation on a numbered line of its own; then the tail, one line per further candidate note (and its
-    translation), within LISTING_CHARS. Below the relevance gate the same entries come under one sentence saying they
+    translation), within LISTING_CHARS, which always keeps room for the tail's first TAIL_MIN_NOTES notes (the
+    entries' snippets are cut for it). Below the relevance gate the same entries come under one sentence saying they
     are low confidence: the client judges.
     """
     structured: dict[str, Any] = {
@@ -424,11 +428,11 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         alternatives = "\nAlso searched: " + "; ".join(f'alt {i} "{a}"' for i, a in enumerate(result.alternatives, 1))
         structured["alternatives"] = result.alternatives
     room = Budget(budget, " " * HEAD_ROOM, result.query, alternatives, *notes)
+    hits = _room_for_the_tail(result.hits, result.more)
     body: list[str] = []
     n = 0  # the number of the last path listed (a translation has its own, right after its note's)
-    for h in result.hits:
-        by = f" · found by {', '.join(h.found_by)}" if h.found_by else ""
-        block = f"\n[{n + 1}] {_where(h)}{_label(h)}{by}\n{h.snippet}{_also(h, n + 1, True)}"
+    for h in hits:
+        block = _entry(h, n + 1, True)
         if not room.take(block):
             break
         n += 2 if h.translation else 1
@@ -436,12 +440,11 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         structured["hits"].append(h.as_dict())
     # The tail: one line per further note, while the listing (less which strings found each entry) stays within
     # LISTING_CHARS (today's reply's length: more distinct notes in the same space) and the response budget.
-    if len(body) == len(result.hits) and result.more:
-        labels = sum(len(", ".join(h.found_by)) + len(" · found by ") for h in result.hits if h.found_by)
-        used = sum(len(b) + 1 for b in body) - labels + len(TAIL_HEAD) + 1  # the client's strings' labels aside
+    if len(body) == len(hits) and result.more:
+        used = _listing_chars(hits)
         lines = []
         for h in result.more:
-            line = f"[{n + 1}] {_where(h)}{_label(h)}{_also(h, n + 1, False)}"
+            line = _tail_line(h, n + 1)
             if used + len(line) + 1 > LISTING_CHARS or not room.take(line):
                 break
             n += 2 if h.translation else 1
@@ -469,6 +472,57 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
             "narrow with path_prefix, and use read_note to open a note)"
         )
     return fit("\n".join([head + alternatives, *notes, *body]), budget), structured
+
+
+def _entry(h: Any, number: int, by: bool) -> str:
+    """An entry of the reply: `[n] path:lines · heading · found by …`, its snippet, its translation's line."""
+    found = f" · found by {', '.join(h.found_by)}" if by and h.found_by else ""
+    return f"\n[{number}] {_where(h)}{_label(h)}{found}\n{h.snippet}{_also(h, number, True)}"
+
+
+def _tail_line(h: Any, number: int) -> str:
+    return f"[{number}] {_where(h)}{_label(h)}{_also(h, number, False)}"
+
+
+def _listing_chars(hits: Sequence[Any]) -> int:
+    """What the entries and the tail's first line take of LISTING_CHARS: which strings found each entry aside (the
+    client's own strings, one label per entry, are not the listing's to pay for)."""
+    n, used = 0, len(TAIL_HEAD) + 1
+    for h in hits:
+        used += len(_entry(h, n + 1, False)) + 1
+        n += 2 if h.translation else 1
+    return used
+
+
+def _room_for_the_tail(hits: Sequence[Any], more: Sequence[Any]) -> list[Any]:
+    """`hits` with their snippets cut, the longest first, to leave the listing room for the tail's first
+    TAIL_MIN_NOTES notes; none below half the longest (then the tail gets what is left)."""
+    hits = list(hits)
+    if not more or not hits:
+        return hits
+    floor = max(len(h.snippet) for h in hits) // 2
+    n = sum(2 if h.translation else 1 for h in hits)
+    need = _listing_chars(hits) - LISTING_CHARS
+    for h in more[:TAIL_MIN_NOTES]:
+        need += len(_tail_line(h, n + 1)) + 1
+        n += 2 if h.translation else 1
+    sizes = sorted((len(h.snippet) for h in hits), reverse=True)
+    if need <= 0 or sum(max(0, s - floor) for s in sizes) <= 0:
+        return hits
+    # The longest snippets come down to one width (never below floor) until `need` characters are freed.
+    cap = sizes[0]
+    while cap > floor and sum(max(0, s - cap) for s in sizes) < need:
+        cap -= 1
+    return [replace(h, snippet=_shorter(h.snippet, cap)) if len(h.snippet) > cap else h for h in hits]
+
+
+def _shorter(snippet: str, chars: int) -> str:
+    """`snippet` in at most `chars` characters, cut at a space near the end where there is one, ending in "…"."""
+    cut = snippet[: chars - 1]
+    space = cut.rfind(" ", len(cut) - 20)
+    if space > chars // 2:
+        cut = cut[:space]
+    return cut.rstrip(" …") + "…"
 
 
 def _lines(ranges: tuple[tuple[int, int], ...]) -> str:

@@ -736,6 +736,32 @@ def test_format_search_lists_further_notes_one_line_each_within_todays_length():
     assert [h["path"] for h in structured["more"]] == [h.path for h in more[: len(structured["more"])]]
 
 
+def test_format_search_cuts_long_snippets_so_the_tail_still_names_the_next_note():
+    """hello-algo's English entries (long headings, a translation each, full 240-character snippets) filled the
+    listing, so 31 of its 80 replies had no tail and the fifth note, often the answer, was not shown at all."""
+    import kb_tools
+
+    words = " ".join(f"word{i}" for i in range(60))
+    hits = [
+        _hit(f"en/chapter_{i}/a_long_section_name.md", 10 * i, snippet=f"…{words}"[:239] + "…", translation=f"zh/c{i}.md")
+        for i in range(4)
+    ]
+    long = {"heading_path": "A Long Heading > Another Long Subheading", "ranges": ((5, 20), (40, 61), (90, 120))}
+    hits = [kb_search.Hit(**{**h.__dict__, **long, "translation_ranges": ((7, 22), (44, 63))}) for h in hits]
+    more = [_hit(f"en/chapter_more/candidate{i}.md", 5, translation=f"zh/m{i}.md") for i in range(5)]
+    text, structured = format_search(kb_search.SearchResult("q", "hybrid", hits, abstained=False, more=more), [], 20_000)
+    listing = text.split("\n", 1)[1]
+    assert len(listing) <= kb_tools.LISTING_CHARS
+    assert "\n[9] en/chapter_more/candidate0.md:5-14\n[10] zh/m0.md · translation of [9]" in text, text
+    snippets = [h["snippet"] for h in structured["hits"]]
+    assert len(snippets) == 4 and all(120 <= len(s) < 240 and s.endswith("…") and " …" not in s for s in snippets)
+    assert all(s.rstrip("…") == s[:1] + words[: len(s) - 2] for s in snippets), snippets  # cut at a space
+    # Snippets that leave room already are not cut.
+    short = [kb_search.Hit(**{**h.__dict__, "snippet": "short"}) for h in hits]
+    text = format_search(kb_search.SearchResult("q", "hybrid", short, abstained=False, more=more), [], 20_000)[0]
+    assert text.count("\nshort\n") == 4
+
+
 def test_format_search_says_low_confidence_in_one_sentence_and_lists_the_same_notes():
     hits = [_hit("a.md", 1, snippet="alpha"), _hit("b.md", 3, snippet="beta")]
     sure = format_search(kb_search.SearchResult("q", "hybrid", hits, abstained=False), [], 20_000)[0]
