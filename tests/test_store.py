@@ -110,6 +110,16 @@ def test_nearest_many_gives_each_query_what_nearest_gives_it(tmp_path):
     assert many[0][0][0] == "c3"
 
 
+def _held_by_store() -> int:
+    """Bytes traced now whose allocation ran through kb_store: what the store holds, whatever other threads of the
+    process (pytest-xdist's, a previous test's) allocate meanwhile (two memory tests failed once under xdist)."""
+    import tracemalloc
+
+    traces = tracemalloc.take_snapshot().traces
+    # Arrays only (64 KiB or more): Snapshot.filter_traces over every small object took seconds.
+    return sum(t.size for t in traces if t.size >= 1 << 16 and any(f.filename == kb_store.__file__ for f in t.traceback))
+
+
 def test_loaded_vectors_are_held_once_however_many_segments(tmp_path):
     """The matrix a search scans is the only copy of the vectors: each segment's own array used to stay beside it
     (56 MB more in a server on the tldr vault)."""
@@ -118,7 +128,7 @@ def test_loaded_vectors_are_held_once_however_many_segments(tmp_path):
     rng = np.random.default_rng(0)
     rows_a, rows_b = (rng.random((2000, 512), dtype=np.float32) for _ in range(2))
     one_segment = rows_a.nbytes
-    tracemalloc.start()
+    tracemalloc.start(8)
     try:
         # A store that writes a segment, then grows by a second one (a server's edits): the old arrays are freed.
         writer = VectorStore(tmp_path)
@@ -126,20 +136,19 @@ def test_loaded_vectors_are_held_once_however_many_segments(tmp_path):
         writer.load(first)
         both = writer.write_segment({f"b{i}": v for i, v in enumerate(rows_b)})
         writer.load(both)
-        grown = tracemalloc.get_traced_memory()[0]
+        grown = _held_by_store()
         # A store that reads one or two segments another process wrote.
         held = []
         for names in (first, both):
-            tracemalloc.reset_peak()
-            before = tracemalloc.get_traced_memory()[0]
+            before = _held_by_store()
             reader = VectorStore(tmp_path)
             reader.load(names)
-            held.append(tracemalloc.get_traced_memory()[0] - before)
+            held.append(_held_by_store() - before)
             del reader
     finally:
         tracemalloc.stop()
-    assert grown < 1.3 * 2 * one_segment, grown / one_segment
-    assert held[0] < 1.3 * one_segment and held[1] < 1.3 * 2 * one_segment, [h / one_segment for h in held]
+    assert 2 * one_segment <= grown < 1.3 * 2 * one_segment, grown / one_segment  # (at least: the filter sees them)
+    assert one_segment <= held[0] < 1.3 * one_segment and held[1] < 1.3 * 2 * one_segment, [h / one_segment for h in held]
     assert len(writer) == 4000 and writer.nearest(writer.vector("b7").tolist(), 1)[0][0] == "b7"
 
 
@@ -151,17 +160,17 @@ def test_a_commits_new_segment_is_loaded_without_copying_the_vectors_already_hel
     rng = np.random.default_rng(1)
     big, small = rng.random((4000, 256), dtype=np.float32), rng.random((3, 256), dtype=np.float32)
     store = VectorStore(tmp_path)
-    first = store.write_segment({f"a{i}": v for i, v in enumerate(big)})
-    store.load(first)
-    both = store.write_segment({f"b{i}": v for i, v in enumerate(small)})
-    tracemalloc.start()
+    tracemalloc.start(8)
     try:
-        before = tracemalloc.get_traced_memory()[0]
+        first = store.write_segment({f"a{i}": v for i, v in enumerate(big)})
+        store.load(first)
+        both = store.write_segment({f"b{i}": v for i, v in enumerate(small)})
+        before = _held_by_store()
         store.load(both)
-        peak = tracemalloc.get_traced_memory()[1] - before
+        added = _held_by_store() - before
     finally:
         tracemalloc.stop()
-    assert peak < 0.1 * big.nbytes, peak / big.nbytes
+    assert before > big.nbytes and added < 0.1 * big.nbytes, (before / big.nbytes, added / big.nbytes)
     query = small[1] / np.linalg.norm(small[1])
     assert store.nearest(query.tolist(), 1)[0][0] == "b1"
     assert store.cosines(query.tolist(), ["b1", "a7"])["b1"] == pytest.approx(float(small[1] @ query), abs=1e-6)
