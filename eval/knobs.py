@@ -26,7 +26,7 @@ from kb_config import KBError, setup_logging
 
 # The config keys that weigh or gate the ranking (the user's; the other search.* keys shape the reply).
 CONFIG_KNOBS = ("gate_margin", "candidates", "rrf_k", "keyword_weight")
-# Module constants that can change a search's outcome (kb_background's sample and calibration; kb_search's).
+# Module constants that can change a search's outcome (kb_background's sample and calibration; kb_search's; the reply's).
 MODULE_KNOBS = (
     "kb_background.BACKGROUND_SAMPLE",
     "kb_background.BACKGROUND_SEED",
@@ -34,6 +34,7 @@ MODULE_KNOBS = (
     "kb_background.MIN_BACKGROUND",
     "kb_search.TAIL_NOTES",
     "kb_search.SNIPPET_LEAD_CHARS",
+    "kb_tools.TAIL_MIN_NOTES",
 )
 # Each knob is tried at these multiples of its default (a default of 0 is tried at 1 instead).
 FACTORS = (0.5, 2.0)
