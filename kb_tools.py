@@ -485,7 +485,7 @@ def _tail_line(h: Any, number: int) -> str:
 
 
 def _listing_chars(hits: Sequence[Any]) -> int:
-    """What the entries and the tail's first line take of LISTING_CHARS: which strings found each entry aside (the
+    """What the entries and the tail's heading take of LISTING_CHARS: which strings found each entry aside (the
     client's own strings, one label per entry, are not the listing's to pay for)."""
     n, used = 0, len(TAIL_HEAD) + 1
     for h in hits:

@@ -747,7 +747,7 @@ def test_format_search_cuts_long_snippets_so_the_tail_still_names_the_next_note(
         for i in range(4)
     ]
     long = {"heading_path": "A Long Heading > Another Long Subheading", "ranges": ((5, 20), (40, 61), (90, 120))}
-    hits = [kb_search.Hit(**{**h.__dict__, **long, "translation_ranges": ((7, 22), (44, 63))}) for h in hits]
+    hits = [replace(h, **long, translation_ranges=((7, 22), (44, 63))) for h in hits]
     more = [_hit(f"en/chapter_more/candidate{i}.md", 5, translation=f"zh/m{i}.md") for i in range(5)]
     text, structured = format_search(kb_search.SearchResult("q", "hybrid", hits, abstained=False, more=more), [], 20_000)
     listing = text.split("\n", 1)[1]
@@ -755,9 +755,10 @@ def test_format_search_cuts_long_snippets_so_the_tail_still_names_the_next_note(
     assert "\n[9] en/chapter_more/candidate0.md:5-14\n[10] zh/m0.md · translation of [9]" in text, text
     snippets = [h["snippet"] for h in structured["hits"]]
     assert len(snippets) == 4 and all(120 <= len(s) < 240 and s.endswith("…") and " …" not in s for s in snippets)
-    assert all(s.rstrip("…") == s[:1] + words[: len(s) - 2] for s in snippets), snippets  # cut at a space
+    # Each is the snippet's own start cut between two words.
+    assert all(s.rstrip("…") == s[:1] + words[: len(s) - 2] and words[len(s) - 2] == " " for s in snippets), snippets
     # Snippets that leave room already are not cut.
-    short = [kb_search.Hit(**{**h.__dict__, "snippet": "short"}) for h in hits]
+    short = [replace(h, snippet="short") for h in hits]
     text = format_search(kb_search.SearchResult("q", "hybrid", short, abstained=False, more=more), [], 20_000)[0]
     assert text.count("\nshort\n") == 4
 
