@@ -397,13 +397,13 @@ def _wait_gone(pid: int | None, wait_s: float) -> bool:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child (a relay that started it, a test)
                 return True
-        if _is_zombie(pid):  # exited, not yet reaped by its parent (init reaps at its own pace: ~1.5 s in a VM here)
+        if is_zombie(pid):  # exited, not yet reaped by its parent (init reaps at its own pace: ~1.5 s in a VM here)
             return True
         time.sleep(0.02)
     return False
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     """Whether the process has exited and waits only to be reaped (Linux's /proc; elsewhere False)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")

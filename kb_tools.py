@@ -435,7 +435,7 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
         block = _entry(h, n + 1, True)
         if not room.take(block):
             break
-        n += 2 if h.translation else 1
+        n += _numbers(h)
         body.append(block)
         structured["hits"].append(h.as_dict())
     # The tail: one line per further note, while the listing (less which strings found each entry) stays within
@@ -447,7 +447,7 @@ def format_search(result: SearchResult, notes: list[str], budget: int) -> tuple[
             line = _tail_line(h, n + 1)
             if used + len(line) + 1 > LISTING_CHARS or not room.take(line):
                 break
-            n += 2 if h.translation else 1
+            n += _numbers(h)
             used += len(line) + 1
             lines.append(line)
             structured["more"].append(h.as_dict())
@@ -480,6 +480,11 @@ def _entry(h: Any, number: int, by: bool) -> str:
     return f"\n[{number}] {_where(h)}{_label(h)}{found}\n{h.snippet}{_also(h, number, True)}"
 
 
+def _numbers(h: Any) -> int:
+    """How many numbered paths a hit takes in the reply: its own, and its translation's."""
+    return 2 if h.translation else 1
+
+
 def _tail_line(h: Any, number: int) -> str:
     return f"[{number}] {_where(h)}{_label(h)}{_also(h, number, False)}"
 
@@ -490,7 +495,7 @@ def _listing_chars(hits: Sequence[Any]) -> int:
     n, used = 0, len(TAIL_HEAD) + 1
     for h in hits:
         used += len(_entry(h, n + 1, False)) + 1
-        n += 2 if h.translation else 1
+        n += _numbers(h)
     return used
 
 
@@ -501,11 +506,11 @@ def _room_for_the_tail(hits: Sequence[Any], more: Sequence[Any]) -> list[Any]:
     if not more or not hits:
         return hits
     floor = max(len(h.snippet) for h in hits) // 2
-    n = sum(2 if h.translation else 1 for h in hits)
+    n = sum(_numbers(h) for h in hits)
     need = _listing_chars(hits) - LISTING_CHARS
     for h in more[:TAIL_MIN_NOTES]:
         need += len(_tail_line(h, n + 1)) + 1
-        n += 2 if h.translation else 1
+        n += _numbers(h)
     sizes = sorted((len(h.snippet) for h in hits), reverse=True)
     if need <= 0 or sum(max(0, s - floor) for s in sizes) <= 0:
         return hits

@@ -44,6 +44,8 @@ from faults_report import PartResult, Run
 from harness import write_config
 from synthetic_vault import write_synthetic_vault
 
+from kb_relay import is_zombie
+
 # Background notes in the storm vault (quick / full).
 STORM_NOTES_QUICK, STORM_NOTES_FULL = 30, 100
 # The editor's operations at most (it stops at the storm's end anyway): about 15 a second.
@@ -311,11 +313,7 @@ def pending_vectors(index_dir: Path) -> int:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    return Path(f"/proc/{pid}/stat").exists() and not is_zombie(pid)
 
 
 def last_traceback(log: Path) -> str:

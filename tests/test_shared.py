@@ -33,12 +33,12 @@ from kb_relay import (
     Relay,
     SharedUnavailable,
     Upstream,
-    _is_zombie,
     _wait_gone,
     code_signature,
     connect,
     hello_line,
     identity_key,
+    is_zombie,
     prepare_runtime_dir,
     shared_paths,
     stop_servers,
@@ -179,7 +179,7 @@ def alive(pid: int) -> bool:
         return False
     with contextlib.suppress(ChildProcessError):
         return os.waitpid(pid, os.WNOHANG)[0] != pid
-    return Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
+    return Path(f"/proc/{pid}").exists() and not is_zombie(pid)
 
 
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
