@@ -19,6 +19,7 @@ from kb_minilm import (
     MINILM_MODEL_NAME,
     MiniLMEmbedder,
     MiniLMModel,
+    attend,
     bundled_model_path,
     find_bundled_model,
     gelu,
@@ -263,6 +264,24 @@ def test_gelu_matches_exact_erf_gelu():
     exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
     ours = gelu(x.astype(np.float32)).astype(np.float64)
     assert np.abs(ours - exact).max() < 1e-6
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0, 400.0])
+def test_attention_is_the_softmax_even_where_its_exponentials_overflow_or_underflow(scale):
+    """attend leaves out the row maximum softmax usually subtracts; scores far beyond +-88 (exp overflows float32, or
+    every term of a row underflows) must still give the exact softmax, not inf or NaN."""
+    rng = np.random.default_rng(7)
+    heads, n, d = 3, 9, 4
+    q = (rng.standard_normal((heads, n, d)) * scale).astype(np.float32)
+    k = rng.standard_normal((heads, d, n)).astype(np.float32)
+    v = rng.standard_normal((heads, n, d)).astype(np.float32)
+    q[0, 0] = -np.abs(q[0, 0]) * np.sign(k[0, :, 0])  # a row whose scores are all negative: at 400, every exp is 0
+    scores = q.astype(np.float64) @ k.astype(np.float64)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    expected = (weights / weights.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+    ours = attend(q, k, v)
+    assert np.isfinite(ours).all()
+    assert np.abs(ours - expected).max() < 1e-5
 
 
 def test_read_safetensors_rejects_a_broken_file_with_next_step(tmp_path):
