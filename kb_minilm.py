@@ -38,6 +38,10 @@ MINILM_BATCH_SIZE = 32
 BATCH_TOKEN_BUDGET = 1024
 # Token positions the model truncates to when sentence_bert_config.json does not say (it says 256).
 DEFAULT_MAX_SEQ_TOKENS = 256
+# Most rows of a product computed as w @ x.T (`_linear`): for x @ w.T OpenBLAS first packs all of w, which costs more
+# than the arithmetic when x has a few rows (a search's strings). A sweep of the four products' shapes: 0.45-0.9x the
+# time up to 64 rows, even from 96 to 192, slower from 256. A one-string query's pass: 27 -> 17 ms.
+SMALL_PRODUCT_ROWS = 128
 # Rows per matrix product of the feed-forward block: 512 embedded hello-algo chunks 3% faster than 256 (fewer rows
 # were slower still; measured alternating in one process, docs/performance.md); the inner activations, 512 x 1536
 # floats (3 MB), stay in the cache for the GELU and the product after it.
@@ -70,8 +74,8 @@ MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
 # The layers' four weight matrices, laid out as the forward pass multiplies them, in one .npy of the per-user cache
 # (mapped read-only: every server shares one copy in the page cache instead of each holding 42 MB of its own).
 LAYER_CACHE_PREFIX = "minilm-layers-"
-# Bump when _Layer's prepared layout changes: an older cache file is then ignored and replaced.
-LAYER_CACHE_LAYOUT = 1
+# Bump when _Layer's prepared layout changes: an older cache file is then ignored and replaced (2: (out, in)).
+LAYER_CACHE_LAYOUT = 2
 # Which _Layer attributes the cache holds, in this order per layer.
 CACHED_WEIGHTS = ("qkv_w", "out_w", "ff1_w", "ff2_w")
 
@@ -176,6 +180,17 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _linear(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x @ w.T for weights `w` laid out (out, in), into `out` when given; as (w @ x.T).T up to SMALL_PRODUCT_ROWS rows."""
+    if len(x) > SMALL_PRODUCT_ROWS:
+        return np.matmul(x, w.T, out=out)
+    y = (w @ x.T).T
+    if out is None:
+        return np.ascontiguousarray(y)
+    out[...] = y
+    return out
+
+
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """softmax(q @ k) @ v per head: q (heads, n, d) carrying the 1/sqrt(d) scale, k (heads, d, n), v (heads, n, d).
 
@@ -211,7 +226,7 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) 
 
 
 class _Layer:
-    """One transformer layer's weights, laid out (in, out) and contiguous for x @ W; Q, K and V fused."""
+    """One transformer layer's weights, laid out (out, in) as in the checkpoint, contiguous; Q, K and V fused."""
 
     def __init__(
         self, w: dict[str, np.ndarray], prefix: str, head_dim: int, prepared: dict[str, np.ndarray] | None = None
@@ -227,14 +242,13 @@ class _Layer:
         if prepared is not None:
             self.qkv_w, self.out_w, self.ff1_w, self.ff2_w = (prepared[n] for n in CACHED_WEIGHTS)
         else:
-            self.qkv_w = np.ascontiguousarray(
-                np.concatenate(
-                    [get(f"{att}.query.weight").T * scale, get(f"{att}.key.weight").T, get(f"{att}.value.weight").T], 1
-                )
+            self.qkv_w = np.concatenate(
+                [get(f"{att}.query.weight") * scale, get(f"{att}.key.weight"), get(f"{att}.value.weight")], 0
             )
-            self.out_w = np.ascontiguousarray(get("attention.output.dense.weight").T)
-            self.ff1_w = np.ascontiguousarray(get("intermediate.dense.weight").T)
-            self.ff2_w = np.ascontiguousarray(get("output.dense.weight").T)
+            # Copies: the file's mapping is dropped once the layers are out of it (_drop_pages).
+            self.out_w = np.array(get("attention.output.dense.weight"))
+            self.ff1_w = np.array(get("intermediate.dense.weight"))
+            self.ff2_w = np.array(get("output.dense.weight"))
         self.qkv_b = np.concatenate([get(f"{att}.query.bias") * scale, get(f"{att}.key.bias"), get(f"{att}.value.bias")])
         self.out_b = get("attention.output.dense.bias").copy()
         self.ln1_g = get("attention.output.LayerNorm.weight").copy()
@@ -258,10 +272,10 @@ class _LayerCache:
         hidden = w["encoder.layer.0.attention.self.query.weight"].shape[0]
         inner = w["encoder.layer.0.intermediate.dense.weight"].shape[0]
         self.shapes = {
-            "qkv_w": (hidden, 3 * hidden),
+            "qkv_w": (3 * hidden, hidden),
             "out_w": (hidden, hidden),
-            "ff1_w": (hidden, inner),
-            "ff2_w": (inner, hidden),
+            "ff1_w": (inner, hidden),
+            "ff2_w": (hidden, inner),
         }
         self.n_layers = n_layers
 
@@ -410,7 +424,7 @@ class MiniLMModel:
 
     def _layer(self, layer: _Layer, h: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
         hid, heads, hd = self.hidden, self.heads, self.head_dim
-        qkv = h @ layer.qkv_w
+        qkv = _linear(h, layer.qkv_w)
         qkv += layer.qkv_b
         ctx = np.empty_like(h)
         for a, b in bounds:
@@ -419,18 +433,18 @@ class MiniLMModel:
             k = qkv[a:b, hid : 2 * hid].reshape(n, heads, hd).transpose(1, 2, 0)
             v = qkv[a:b, 2 * hid :].reshape(n, heads, hd).transpose(1, 0, 2)
             ctx[a:b] = attend(q, k, v).transpose(1, 0, 2).reshape(n, hid)
-        att = ctx @ layer.out_w
+        att = _linear(ctx, layer.out_w)
         att += layer.out_b
         att += h
         _layer_norm(att, layer.ln1_g, layer.ln1_b, self.eps)
         out = np.empty_like(att)
         for r in range(0, len(att), FFN_TILE_ROWS):
             x = att[r : r + FFN_TILE_ROWS]
-            inner = x @ layer.ff1_w
+            inner = _linear(x, layer.ff1_w)
             inner += layer.ff1_b
             for g in range(0, len(inner), GELU_TILE_ROWS):
                 gelu(inner[g : g + GELU_TILE_ROWS])
-            y = np.matmul(inner, layer.ff2_w, out=out[r : r + FFN_TILE_ROWS])
+            y = _linear(inner, layer.ff2_w, out[r : r + FFN_TILE_ROWS])
             y += layer.ff2_b
             y += x
             _layer_norm(y, layer.ln2_g, layer.ln2_b, self.eps)
