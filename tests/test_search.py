@@ -19,6 +19,9 @@ from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES, Searcher, Tuning,
 from kb_vectors import HashEmbedder
 from mcp_server import format_search
 
+# Frames tracemalloc keeps per allocation: enough to reach this file's test from where numpy allocates.
+TRACE_FRAMES = 25
+
 
 @pytest.fixture
 def searcher(small_vault, make_engine):
@@ -699,14 +702,15 @@ def test_the_translation_steps_note_vectors_are_held_once(tmp_path, make_engine)
     engine = make_engine(vault, HashEmbedder(dim=dim, name="multilingual-hash"))
     engine.sync_all()
     searcher = Searcher(engine)
-    tracemalloc.start()
+    tracemalloc.start(TRACE_FRAMES)
     try:
         notes = searcher._background.notes_for("multilingual-hash")
-        held = tracemalloc.get_traced_memory()[0]
+        # Only what this call allocated: a whole-process count once failed under CI (4.8x: another thread's arrays).
+        held = sum(t.size for t in tracemalloc.take_snapshot().traces if any(f.filename == __file__ for f in t.traceback))
     finally:
         tracemalloc.stop()
     vectors = notes * dim * 4
-    assert notes == 300 and held < 1.5 * vectors, held / vectors
+    assert notes == 300 and vectors <= held < 1.5 * vectors, held / vectors  # (at least: the filter sees the matrix)
     result = searcher.search("release 7 word7", mode="hybrid", top_k=4)
     # The same path in the other language's folder is its translation (kb_background._mirror).
     assert (result.hits[0].path, result.hits[0].translation) == ("en/n7.md", "zh/n7.md"), [h.path for h in result.hits]
