@@ -196,8 +196,9 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
     Normalised after the product, (exp(scores) @ v) / row sums, and without first subtracting each row's maximum:
     softmax does not change under that shift, and leaving it out saves three passes over the (heads, n, n) scores,
-    a quarter of the attention's time (docs/performance.md, issue 34). A row whose exponentials overflow or
-    underflow (scores beyond about +-88, far outside what this model produces) is computed again the shifted way.
+    a quarter of the attention's time (docs/performance.md, issue 34). When any row's exponentials overflow or
+    underflow (scores beyond about +-88, far outside what this model produces), the whole call is computed again the
+    shifted way.
     """
     scores = q @ k
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
