@@ -97,9 +97,10 @@ set "PY_ABS="
 set /p PY_ABS=<"%OUT%"
 if not defined PY_ABS goto err_python
 set "PY=%PY_ABS%"
-"%PY%" -c "import mcp, yaml" >nul 2>&1
+rem Installed, not imported: importing mcp takes over a second.
+"%PY%" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('mcp') and u.find_spec('yaml')))" >nul 2>&1
 if errorlevel 1 (
-    echo warning: "%PY%" cannot import mcp/yaml, so the server will not start; install the requirements: 1>&2
+    echo warning: "%PY%" has no mcp or yaml installed, so the server will not start; install the requirements: 1>&2
     echo   "%PY%" -m pip install -r "%REPO_DIR%\requirements.txt" 1>&2
 )
 

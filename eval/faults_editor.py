@@ -102,7 +102,8 @@ def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: 
                     f.write(ext_line(ext_n) + "\n")
                 record(op=op, n=ext_n)
             ops += 1
-            time.sleep(pause_scale * rng.uniform(*PAUSE_S))
+            # never past the deadline: the soak's pauses (up to 6 s) kept it running after its time
+            time.sleep(min(pause_scale * rng.uniform(*PAUSE_S), max(0.0, deadline - time.monotonic())))
         record(op="done", ops=ops, notes={rel: note_token(nid, v) for nid, (rel, v) in notes.items()}, ext=ext_n)
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -43,8 +44,11 @@ SECRET = "canarysecretzq"
 HOSTILE_CALL_TIMEOUT_S = 20.0
 # ingest over the broken notes must finish within BASE + PER_MB x the megabytes it reads (linear in the vault).
 INGEST_BASE_S, INGEST_PER_MB_S = 60.0, 20.0
-# Seconds the watcher gets to trip over the broken notes before we check it is still running.
-WATCHER_GRACE_S = 4.0
+# Longest the watcher may take to sync an edit (its first sync, over every broken note, included); a watcher still
+# without that sync is a finding (a hang), one that exited too.
+WATCHER_SYNC_TIMEOUT_S = 30.0
+# The watcher's line for a sync that did work (watcher.py at INFO): "watcher: files: 1 added, 0 changed, ...".
+WATCHER_SYNC_LINE = re.compile(r"watcher: files: (\d+) added, (\d+) changed")
 # How much of a case's arguments a report quotes.
 SHOWN_ARGS_CHARS = 160
 
@@ -492,19 +496,46 @@ def _broken(run: Run, res: PartResult, base: Path) -> None:
     _watcher_survives(run, res, base, config, vault)
 
 
+def _watcher_syncs(log: Path) -> int:
+    """How many syncs that added or changed a note the watcher logged so far."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return 0
+    return sum(1 for m in WATCHER_SYNC_LINE.finditer(text) if int(m[1]) + int(m[2]) > 0)
+
+
+def _edit_and_wait_for_sync(p: Any, log: Path, note: Path, text: str) -> bool:
+    """Save `note`, then wait until the watcher logged one more sync that added or changed a note; False when it
+    exited or WATCHER_SYNC_TIMEOUT_S passed first."""
+    before = _watcher_syncs(log)
+    note.write_text(text, encoding="utf-8")
+    deadline = time.monotonic() + WATCHER_SYNC_TIMEOUT_S
+    while time.monotonic() < deadline and p.poll() is None:
+        if _watcher_syncs(log) > before:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def _watcher_survives(run: Run, res: PartResult, base: Path, config: Path, vault: Path) -> None:
+    """watcher.py over the broken notes stays up and syncs two edits: the first comes in by its first full sync (over
+    every broken note) or by a file event, the second by a file event after that sync."""
     log = base / "watcher.log"
     p = run.procs.popen([PYTHON, "watcher.py", "--config", str(config), "--debounce", "0.3"], log=log)
-    time.sleep(WATCHER_GRACE_S)
-    (vault / "ok.md").write_text("# A normal note\n\nbackup restore okaytoken edited\n", encoding="utf-8")
-    time.sleep(WATCHER_GRACE_S)
+    synced = 0
+    for word in ("okaytoken", "okaytokenagain"):
+        if not _edit_and_wait_for_sync(p, log, vault / "ok.md", f"# A normal note\n\nbackup restore {word} edited\n"):
+            break
+        synced += 1
     alive = p.poll() is None
     res.figures["watcher_alive_over_broken_notes"] = alive
-    if not alive:
+    res.figures["watcher_edits_synced"] = synced
+    if not alive or synced < 2:
         res.fail(
             "broken notes: watcher.py",
-            "keeps running",
-            f"exited {p.returncode}: {tail(log)}",
+            "keeps running and syncs each of 2 edits",
+            f"exited {p.returncode}: {tail(log)}" if not alive else f"{synced} synced (waited {WATCHER_SYNC_TIMEOUT_S:g} s)",
             f"{PYTHON} watcher.py --config {config}",
         )
     run.procs.kill(p.pid)

@@ -95,6 +95,12 @@ class Storm:
     def live(self) -> bool:
         return time.monotonic() < self.deadline
 
+    async def pause(self, kind: str) -> None:
+        """One loop's pause between calls, never past the deadline: the soak's (a person's, up to 20 s) kept it
+        running ~13 s after its time."""
+        pause_s = self.run.rng.uniform(*self.pauses[kind])
+        await anyio.sleep(min(pause_s, max(0.0, self.deadline - time.monotonic())))
+
     def start_loops(self, tg: Any, servers: list[Server]) -> None:
         """Each server's append, search and index_status loops, in the task group `tg`."""
         for k, s in enumerate(servers):
@@ -111,7 +117,7 @@ class Storm:
             (self.acked if o.kind == "ok" else self.unacked).append(line)
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(self.run.rng.uniform(*self.pauses["append"]))
+            await self.pause("append")
 
     async def searcher(self, s: Server) -> None:
         rng = self.run.rng
@@ -123,7 +129,7 @@ class Storm:
             o = await s.call("search_my_knowledge_base", {"query": query, "mode": mode})
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(rng.uniform(*self.pauses["search"]))
+            await self.pause("search")
 
     async def statuser(self, s: Server) -> None:
         for _ in range(MAX_CALLS_PER_LOOP):
@@ -132,7 +138,7 @@ class Storm:
             o = await s.call("index_status")
             if o.kind != "ok":
                 self.bad.append((s.name, o))
-            await anyio.sleep(self.run.rng.uniform(*self.pauses["status"]))
+            await self.pause("status")
 
     def ingest_loop(self, config: Path, log: Path) -> None:
         while self.live():

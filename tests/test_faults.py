@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -167,3 +168,38 @@ def test_a_kill_that_missed_draws_the_next_kill_in_that_phase_earlier(faults_mod
     assert kills.next_kill_bound(4.0, 3.0, hit=True) == 4.0
     assert kills.next_kill_bound(4.0, 3.0, hit=False) == 1.5
     assert kills.next_kill_bound(1.0, 3.0, hit=False) == 0.5
+
+
+def test_a_soaks_loops_and_editor_stop_at_its_deadline_not_after_their_pauses(tmp_path, faults_modules):
+    # The soak's pauses are a person's (a status call every 10-20 s, an edit every 1-6 s): drawn in full after the
+    # deadline, they kept the 30 s soak of the suite running ~13 s past its time.
+    import random
+    from types import SimpleNamespace
+
+    import anyio
+    import faults_editor
+    import faults_soak
+    import faults_storm
+
+    common, _ = faults_modules
+
+    class Quick:
+        name = "fake"
+
+        async def call(self, tool: str, args: dict[str, Any] | None = None, timeout_s: float = 0.0) -> Any:
+            return common.Outcome(tool, "ok", "", 0.0)
+
+    storm = faults_storm.Storm(SimpleNamespace(rng=random.Random(0)), time.monotonic() + 0.3, faults_soak.SOAK_PAUSES)
+
+    async def loops() -> None:
+        async with anyio.create_task_group() as tg:
+            storm.start_loops(tg, [Quick()])
+
+    started = time.monotonic()
+    anyio.run(loops)
+    assert time.monotonic() - started < 2.0
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    started = time.monotonic()
+    faults_editor.run_editor(vault, tmp_path / "editor.jsonl", 0.3, 0, 1000, faults_soak.EDITOR_PAUSE_SCALE)
+    assert time.monotonic() - started < 2.0

@@ -6,6 +6,7 @@ reading alone over its own vault; split, they would share the same fixtures from
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -516,16 +517,21 @@ def test_two_processes_syncing_at_once_stay_consistent(sample_vault, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["no-such-org/no-such-model", "/definitely/not/a/model/folder"])
+@pytest.mark.skipif(
+    importlib.util.find_spec("sentence_transformers") is None,
+    reason="sentence-transformers is not installed (pip install -r requirements-st.txt)",
+)
 def test_real_embedder_refuses_unloadable_model_with_next_step(model):
-    pytest.importorskip(
-        "sentence_transformers", reason="sentence-transformers is not installed (pip install -r requirements-st.txt)"
-    )
+    """Refused before sentence-transformers is imported (with torch, 5-10 s of CPU): a server never downloads, and
+    a path that names no folder cannot load."""
     from kb_vectors import SentenceTransformerEmbedder
 
+    imported = "sentence_transformers" in sys.modules  # another test of this process may have imported it
     with pytest.raises(ModelUnavailableError) as err:
         SentenceTransformerEmbedder(model, device="cpu").embed_query("hello")
     message = str(err.value)
     assert model in message and "ingest.py" in message and "local folder" in message
+    assert imported or "sentence_transformers" not in sys.modules
 
 
 def test_unloadable_new_model_leaves_existing_vectors_untouched(small_vault, make_engine):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,8 +40,9 @@ CJK_CHARS_PER_WORD = 2
 MIN_COSINE = 0.9999
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
-# sentence-transformers' vectors of the N_CHUNKS chunks, recorded by `PYTHONPATH=. python tests/test_minilm.py` (float16: its
-# rounding moves a cosine by ~1e-7, far below 1 - MIN_COSINE); queries and edge cases still run it live.
+# sentence-transformers' vectors of the N_CHUNKS chunks, of QUERIES and of EDGE_TEXTS, recorded by
+# `PYTHONPATH=. python tests/test_minilm.py` (float16: its rounding moves a cosine by ~1e-7, far below 1 - MIN_COSINE).
+# Texts it does not hold are run through sentence-transformers live (importing torch cost ~8 s of the suite's CPU).
 REFERENCE_FILE = REPO / "tests" / "data" / "minilm_reference.npz"
 # Why the comparisons with sentence-transformers run live only where it is installed.
 ST_MISSING = "sentence-transformers is not installed (opt-in: pip install -r requirements-st.txt; requirements-dev.txt has it)"
@@ -59,6 +61,12 @@ QUERIES = [
     "what did we decide in the weekly meeting about the WMS rollout",
     "二叉树的层序遍历",
 ]
+# Longer than MAX_TOKENS: truncated.
+LONG_TEXT = " ".join(f"word{i} means something" for i in range(400))
+# Texts with no token at all.
+EMPTY_TEXTS = ("", "   ", "\n\t")
+# Embedded as documents: the long text and the empty ones.
+EDGE_TEXTS = [LONG_TEXT, *EMPTY_TEXTS]
 
 
 def _is_cjk(text: str) -> bool:
@@ -129,16 +137,20 @@ def _texts_digest(chunks: list[str]) -> str:
     return hashlib.blake2b("\x00".join(chunks).encode("utf-8"), digest_size=16).hexdigest()
 
 
-def _sentence_transformers_vectors(chunks: list[str], request: pytest.FixtureRequest) -> np.ndarray:
-    """sentence-transformers' vectors of `chunks`: as recorded in REFERENCE_FILE for exactly these texts (running it
-    took 22 s of the suite), else computed now."""
+def _sentence_transformers_vectors(name: str, texts: list[str], request: pytest.FixtureRequest) -> np.ndarray:
+    """sentence-transformers' vectors of `texts` (the set `name`: chunks, queries or edges): as recorded in
+    REFERENCE_FILE for exactly these texts, else computed now."""
     if REFERENCE_FILE.is_file():
         with np.load(REFERENCE_FILE, allow_pickle=False) as data:
-            if str(data["digest"]) == _texts_digest(chunks):
-                return np.asarray(data["vectors"], dtype=np.float32)
-    print(f"{REFERENCE_FILE} does not hold these chunks; running sentence-transformers", file=sys.stderr)
-    reference = request.getfixturevalue("reference")
-    return reference.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+            if f"{name}_digest" in data.files and str(data[f"{name}_digest"]) == _texts_digest(texts):
+                return np.asarray(data[f"{name}_vectors"], dtype=np.float32)
+    print(f"{REFERENCE_FILE} does not hold these {name}; running sentence-transformers", file=sys.stderr)
+    return _encode_reference(request.getfixturevalue("reference"), name, texts)
+
+
+def _encode_reference(model: Any, name: str, texts: list[str]) -> np.ndarray:
+    encode = model.encode_query if name == "queries" else model.encode
+    return encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
 
 
 def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
@@ -147,7 +159,7 @@ def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
     assert sum(n == MAX_TOKENS for n in lengths) >= 20, "too few chunks exercise truncation"
     assert sum(_is_cjk(c) for c in chunks) >= 50, "too few Chinese chunks"
     ours = minilm.embed_documents(chunks)
-    theirs = _sentence_transformers_vectors(chunks, request)
+    theirs = _sentence_transformers_vectors("chunks", chunks, request)
     assert len(ours) == len(chunks) and all(len(v) == 384 for v in ours)
     cos = _cosines(ours, theirs)
     worst = int(cos.argmin())
@@ -156,17 +168,16 @@ def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
     assert np.allclose(np.linalg.norm(np.asarray(ours), axis=1), 1.0, atol=1e-5)
 
 
-def test_minilm_embed_query_matches_sentence_transformers(minilm, reference):
+def test_minilm_embed_query_matches_sentence_transformers(minilm, request):
     ours = [minilm.embed_query(q) for q in QUERIES]
-    theirs = reference.encode_query(QUERIES, normalize_embeddings=True, show_progress_bar=False)
+    theirs = _sentence_transformers_vectors("queries", QUERIES, request)
     assert _cosines(ours, theirs).min() >= MIN_COSINE
 
 
-def test_minilm_truncates_long_text_like_sentence_transformers(minilm, reference):
-    long = " ".join(f"word{i} means something" for i in range(400))
-    assert len(minilm.load().tokenize([long])[0]) == MAX_TOKENS
-    ours = minilm.embed_documents([long, long + " tail that is never seen"])
-    theirs = reference.encode([long], normalize_embeddings=True, show_progress_bar=False)
+def test_minilm_truncates_long_text_like_sentence_transformers(minilm, request):
+    assert len(minilm.load().tokenize([LONG_TEXT])[0]) == MAX_TOKENS
+    ours = minilm.embed_documents([LONG_TEXT, LONG_TEXT + " tail that is never seen"])
+    theirs = _sentence_transformers_vectors("edges", EDGE_TEXTS, request)[:1]
     assert _cosines(ours[:1], theirs)[0] >= MIN_COSINE
     assert _cosines(ours[:1], ours[1:])[0] >= 0.999999  # tokens past 256 change nothing
 
@@ -189,12 +200,12 @@ def test_minilm_embed_documents_returns_nothing_for_no_texts(minilm, texts):
     assert minilm.embed_documents(texts) == []
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
-def test_minilm_embeds_empty_text_like_sentence_transformers(minilm, reference, text):
+@pytest.mark.parametrize("text", EMPTY_TEXTS)
+def test_minilm_embeds_empty_text_like_sentence_transformers(minilm, request, text):
     ours = minilm.embed_query(text)
     assert len(ours) == 384 and math.isclose(float(np.linalg.norm(ours)), 1.0, abs_tol=1e-5)
-    theirs = reference.encode([text], normalize_embeddings=True, show_progress_bar=False)
-    assert _cosines([ours], theirs)[0] >= MIN_COSINE
+    theirs = _sentence_transformers_vectors("edges", EDGE_TEXTS, request)[EDGE_TEXTS.index(text)]
+    assert _cosines([ours], [theirs])[0] >= MIN_COSINE
 
 
 def test_minilm_never_imports_torch():
@@ -298,17 +309,20 @@ def test_minilm_model_rejects_folder_without_weights_with_next_step(tmp_path):
 
 
 def write_reference() -> None:
-    """Record sentence-transformers' vectors of the N_CHUNKS chunks in REFERENCE_FILE (run after changing them)."""
+    """Record sentence-transformers' vectors of the N_CHUNKS chunks, QUERIES and EDGE_TEXTS in REFERENCE_FILE (run
+    after changing any of them)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(1)
-    chunks = _real_chunks()
     model = SentenceTransformer(str(bundled_model_path()), device="cpu", local_files_only=True)
-    vectors = model.encode(chunks, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    arrays = {}
+    for name, texts in (("chunks", _real_chunks()), ("queries", QUERIES), ("edges", EDGE_TEXTS)):
+        arrays[f"{name}_digest"] = np.asarray(_texts_digest(texts))
+        arrays[f"{name}_vectors"] = _encode_reference(model, name, texts).astype(np.float16)
     REFERENCE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(REFERENCE_FILE, digest=np.asarray(_texts_digest(chunks)), vectors=vectors.astype(np.float16))
-    print(f"wrote {REFERENCE_FILE}: {len(chunks)} vectors", file=sys.stderr)
+    np.savez_compressed(REFERENCE_FILE, **arrays)
+    print(f"wrote {REFERENCE_FILE}: {', '.join(f'{k} {v.shape}' for k, v in arrays.items())}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # PYTHONPATH=. python tests/test_minilm.py

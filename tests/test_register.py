@@ -177,6 +177,21 @@ def test_register_script_prints_json_snippet_when_claude_missing(sandbox: Sandbo
     assert not (sandbox.home / ".claude.json").exists()
 
 
+def test_register_script_warns_when_the_python_lacks_the_requirements(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A python without mcp gets a warning naming the install command (checked without importing mcp, which takes
+    over a second); the venv's python, which has them, gets none."""
+    bare = shutil.which("python3", path="/usr/bin:/bin")
+    probe = "import importlib.util as u, sys; sys.exit(not u.find_spec('yaml') or bool(u.find_spec('mcp')))"
+    if bare is None or subprocess.run([bare, "-c", probe], capture_output=True).returncode != 0:
+        pytest.skip("no system python3 without mcp (and with yaml, for the config loader) here")
+    env = dict(sandbox.env, PATH=_path_without_claude(tmp_path))
+    for python, warned in ((bare, True), (sys.executable, False)):
+        result = _run_script(sandbox, python, "--config", str(sandbox.config), env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert ("has no mcp or yaml installed" in result.stderr) is warned, result.stderr
+        assert ("-m pip install -r" in result.stderr) is warned
+
+
 def test_register_script_takes_name_from_config_loader(sandbox: Sandbox, tmp_path: Path) -> None:
     env = dict(sandbox.env, PATH=_path_without_claude(tmp_path), KB_SERVER_NAME="sb-from-env")
     result = _run_script(sandbox, sys.executable, "--config", str(sandbox.config), env=env)
