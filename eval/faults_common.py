@@ -304,13 +304,14 @@ class IndexFacts:
         return sum(len(c) for c in self.chunk_ids.values())
 
 
-def read_index(cfg: Any, embedder: Any) -> IndexFacts:
-    """Open the index in this process (no write, no lock) and gather what the consistency checks compare."""
+def read_index(cfg: Any, embedder: Any, engine: Any = None) -> IndexFacts:
+    """Open the index in this process (no write, no lock), or read `engine`'s (open on it already), and gather what
+    the consistency checks compare."""
     from kb_engine import Engine, content_of
 
     state = json.loads((cfg.index_dir / "state.json").read_text(encoding="utf-8"))
     files = state.get("files", {})
-    engine = Engine(cfg, embedder)
+    engine = engine or Engine(cfg, embedder)
     engine.sync_all(write=False)
     ids = {p: tuple(r.get("chunks", ())) for p, r in files.items()}
     contents = {content_of(cid) for cids in ids.values() for cid in cids}
@@ -432,8 +433,9 @@ def build_reference(cfg: Any, embedder: Any) -> IndexFacts:
     """A fresh rebuild of cfg's vault in cfg's (separate) data dir, in this process; its facts."""
     from kb_engine import Engine
 
-    Engine(cfg, embedder).sync_all(rebuild=True)
-    return read_index(cfg, embedder)
+    engine = Engine(cfg, embedder)
+    engine.sync_all(rebuild=True)
+    return read_index(cfg, embedder, engine)  # a second Engine would tokenize every note again (no view is saved)
 
 
 @contextlib.contextmanager
