@@ -6,6 +6,7 @@ Heavy libraries are imported inside functions so importing this module stays che
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -13,6 +14,7 @@ import math
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,6 +409,17 @@ def model_slots(embedder: Embedder, model: str) -> tuple[slice, float]:
     return slice(None), 1.0
 
 
+# The HashEmbedder's tokens: every word character, and every ASCII word.
+_HASH_CHAR = re.compile(r"\w")
+_HASH_WORD = re.compile(r"[a-z0-9]+")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _token_hash(token: str) -> int:
+    """A token's stable hash (blake2b, not Python's salted hash()); memoized: a text's tokens repeat across texts."""
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=4).digest(), "little")
+
+
 class HashEmbedder:
     """Deterministic bag-of-tokens embedder (token hash -> bucket): fast, for tests and index-mechanics benchmarks.
 
@@ -420,9 +433,10 @@ class HashEmbedder:
 
     def _vector(self, text: str) -> list[float]:
         v = [0.0] * self.dim
-        for tok in re.findall(r"\w", text.lower()) + re.findall(r"[a-z0-9]+", text.lower()):
-            h = int.from_bytes(hashlib.blake2b(tok.encode("utf-8"), digest_size=4).digest(), "little")
-            v[h % self.dim] += 1.0 if (h >> 16) & 1 else -1.0
+        lower = text.lower()
+        for tok, count in Counter(_HASH_CHAR.findall(lower) + _HASH_WORD.findall(lower)).items():
+            h = _token_hash(tok)
+            v[h % self.dim] += count if (h >> 16) & 1 else -count  # sums of small integers: exact in any order
         norm = math.sqrt(sum(x * x for x in v)) or 1.0
         return [x / norm for x in v]
 

@@ -173,32 +173,6 @@ def test_single_embedder_part_query_is_the_plain_query():
     assert part.vector == h.embed_query("ledger") and part.scale == 1.0 and embedder_parts(h) == [h]
 
 
-def test_use_embedder_runs_without_torch_and_pairs_translations():
-    """The real bundled USE model, in a fresh interpreter: unit vectors, zh<->en neighbours, torch never imported."""
-    code = textwrap.dedent(
-        """
-        import json, sys
-        sys.path.insert(0, REPO)
-        from kb_vectors import make_embedder
-        e = make_embedder("use-multilingual", threads=1)
-        e.load()
-        docs = e.embed_documents(["Show the logs of a Docker container", "Bake bread with sourdough", "删除一个 Git 分支"])
-        q = e.embed_query("怎么查看 Docker 容器的日志")
-        print(json.dumps({
-            "dims": [len(d) for d in docs],
-            "norms": [sum(x * x for x in d) for d in docs],
-            "sims": [sum(a * b for a, b in zip(q, d)) for d in docs],
-            "heavy": [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules],
-        }))
-        """
-    ).replace("REPO", repr(str(REPO)))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
-    assert got["heavy"] == []
-    assert got["dims"] == [512, 512, 512] and all(n == pytest.approx(1.0, abs=1e-4) for n in got["norms"])
-    assert got["sims"][0] == max(got["sims"])
-
-
 @pytest.fixture(scope="module")
 def use_embedder() -> UseEmbedder:
     embedder = UseEmbedder(threads=1)
@@ -248,30 +222,43 @@ def test_use_gate_abstains_off_topic_and_answers_across_languages(sample_vault, 
     assert not answer.abstained and answer.hits[0].path == "projects/homelab/Homelab.md"
 
 
-def test_server_search_with_the_default_models_never_imports_torch(tmp_path):
-    """The default pair (USE and the bundled MiniLM, both numpy): sync, load and a hybrid search leave torch out."""
+def test_default_models_search_and_pair_translations_without_importing_torch(tmp_path):
+    """The default pair (the bundled USE and MiniLM, both numpy), in a fresh interpreter: sync, load and a hybrid search
+    leave torch out, and USE gives unit vectors that pair a Chinese question with its English note."""
     vault = tmp_path / "v"
     vault.mkdir()
     (vault / "a.md").write_text("# Backup\n\nThe nightly backup runs at 03:30.\n", encoding="utf-8")
     (vault / "b.md").write_text("# 跑步\n\n周末长距离跑 18 公里。\n", encoding="utf-8")
-    code = (
-        "import json, sys\n"
-        "from kb_config import load_config\n"
-        "from kb_engine import Engine\n"
-        "from kb_search import Searcher\n"
-        "from kb_vectors import make_embedder\n"
-        f"cfg = load_config(None, env={{'KB_DIR': {str(vault)!r}, 'KB_DATA_DIR': {str(tmp_path / 'd')!r}}})\n"
-        "engine = Engine(cfg, make_embedder(cfg.embed_model, threads=1))\n"
-        "engine.sync_all()\n"
-        "hits = Searcher(engine).search('when is the backup', mode='hybrid').hits\n"
-        "print(json.dumps({'top': hits[0].path if hits else None, 'model': cfg.embed_model,"
-        " 'heavy': [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]}))\n"
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        from kb_config import load_config
+        from kb_engine import Engine
+        from kb_search import Searcher
+        from kb_vectors import embedder_parts, make_embedder
+        cfg = load_config(None, env={{"KB_DIR": {str(vault)!r}, "KB_DATA_DIR": {str(tmp_path / "d")!r}}})
+        engine = Engine(cfg, make_embedder(cfg.embed_model, threads=1))
+        engine.sync_all()
+        hits = Searcher(engine).search("when is the backup", mode="hybrid").hits
+        use = embedder_parts(engine.embedder)[0]
+        docs = use.embed_documents(["Show the logs of a Docker container", "Bake bread with sourdough", "删除一个 Git 分支"])
+        q = use.embed_query("怎么查看 Docker 容器的日志")
+        print(json.dumps({{
+            "top": hits[0].path if hits else None, "model": cfg.embed_model, "use": use.name,
+            "dims": [len(d) for d in docs],
+            "norms": [sum(x * x for x in d) for d in docs],
+            "sims": [sum(a * b for a, b in zip(q, d)) for d in docs],
+            "heavy": [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules],
+        }}))
+        """
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["model"] == "use-multilingual,all-MiniLM-L6-v2" and got["top"] == "a.md"
     assert got["heavy"] == []
+    assert got["use"] == "use-multilingual" and got["dims"] == [512, 512, 512]
+    assert all(n == pytest.approx(1.0, abs=1e-4) for n in got["norms"]) and got["sims"][0] == max(got["sims"])
 
 
 def test_part_queries_of_several_texts_equal_one_at_a_time():
@@ -400,3 +387,23 @@ def test_server_refuses_a_model_this_machine_never_downloaded_at_once_without_im
     assert SentenceTransformerEmbedder("no-such-org/no-such-model")._not_here() is None
     assert SentenceTransformerEmbedder("no-such-org/other-model")._not_here() is not None
     assert "there is no folder" in SentenceTransformerEmbedder(str(tmp_path / "nope"), allow_download=True)._not_here()
+
+
+def test_hash_embedder_adds_each_tokens_blake2b_sign_to_its_bucket():
+    """The fake embedder is a fixed recipe (the expected orders of many tests rest on its vectors): every word character
+    and every ASCII word adds +1 or -1 to the bucket of its blake2b hash, then the vector is scaled to unit length."""
+    import hashlib
+    import re
+
+    def recipe(text: str, dim: int) -> list[float]:
+        v = [0.0] * dim
+        for tok in re.findall(r"\w", text.lower()) + re.findall(r"[a-z0-9]+", text.lower()):
+            h = int.from_bytes(hashlib.blake2b(tok.encode("utf-8"), digest_size=4).digest(), "little")
+            v[h % dim] += 1.0 if (h >> 16) & 1 else -1.0
+        norm = math.sqrt(sum(x * x for x in v)) or 1.0
+        return [x / norm for x in v]
+
+    texts = ["The nightly Backup runs at 03:30", "备份策略: backup, backup and BACKUP", "", "!!! ---"]
+    embedder = HashEmbedder(dim=16)
+    assert embedder.embed_documents(texts) == [recipe(t, 16) for t in texts]
+    assert embedder.embed_query(texts[1]) == recipe(texts[1], 16) and embedder.calls == [4]
