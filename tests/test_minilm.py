@@ -30,8 +30,12 @@ from kb_minilm import (
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_KB = REPO / "examples" / "sample_kb"
 HELLO_ALGO = REPO.parent / "shared" / "corpora" / "hello-algo"
-# Chunks compared with sentence-transformers; most are short so both models embed them in well under a minute.
+# Chunks compared with sentence-transformers, token ids; most are short.
 N_CHUNKS = 1000
+# Every VECTOR_STEP-th of them is also embedded and its vector compared. The forward pass is a function of the token
+# ids, all compared, and a quarter of the chunks still spans every length, truncation included (embedding all 1,000
+# took ~15 s of the suite's CPU).
+VECTOR_STEP = 4
 # Chunk lengths in words (Chinese: in characters, x CJK_CHARS_PER_WORD): (share of chunks, shortest, longest).
 LENGTH_MIX = ((0.80, 1, 16), (0.12, 16, 60), (0.04, 60, 150), (0.04, 300, 420))
 # Chinese has no spaces: a "word" of a Chinese chunk is this many characters.
@@ -40,7 +44,7 @@ CJK_CHARS_PER_WORD = 2
 MIN_COSINE = 0.9999
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
-# sentence-transformers' vectors of the N_CHUNKS chunks, of QUERIES and of EDGE_TEXTS, recorded by
+# sentence-transformers' token ids of the N_CHUNKS chunks and vectors of them, of QUERIES and of EDGE_TEXTS, recorded by
 # `PYTHONPATH=. python tests/test_minilm.py` (float16: its rounding moves a cosine by ~1e-7, far below 1 - MIN_COSINE).
 # Texts it does not hold are run through sentence-transformers live (importing torch cost ~8 s of the suite's CPU).
 REFERENCE_FILE = REPO / "tests" / "data" / "minilm_reference.npz"
@@ -153,18 +157,41 @@ def _encode_reference(model: Any, name: str, texts: list[str]) -> np.ndarray:
     return encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
 
 
+def _sentence_transformers_ids(chunks: list[str], request: pytest.FixtureRequest) -> list[list[int]]:
+    """The token ids sentence-transformers feeds its model for `chunks`: as recorded in REFERENCE_FILE, else now."""
+    if REFERENCE_FILE.is_file():
+        with np.load(REFERENCE_FILE, allow_pickle=False) as data:
+            if "chunks_ids" in data.files and str(data["chunks_digest"]) == _texts_digest(chunks):
+                ends = np.cumsum(data["chunks_id_lengths"])
+                return [row.tolist() for row in np.split(data["chunks_ids"], ends[:-1])]
+    print(f"{REFERENCE_FILE} does not hold these chunks' token ids; running sentence-transformers", file=sys.stderr)
+    return _reference_ids(request.getfixturevalue("reference"), chunks)
+
+
+def _reference_ids(model: Any, texts: list[str]) -> list[list[int]]:
+    features = model.preprocess(texts)
+    return [row[: int(mask.sum())].tolist() for row, mask in zip(features["input_ids"], features["attention_mask"])]
+
+
 def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
     chunks = _real_chunks()
-    lengths = [len(ids) for ids in minilm.load().tokenize(chunks)]
-    assert sum(n == MAX_TOKENS for n in lengths) >= 20, "too few chunks exercise truncation"
-    assert sum(_is_cjk(c) for c in chunks) >= 50, "too few Chinese chunks"
-    ours = minilm.embed_documents(chunks)
-    theirs = _sentence_transformers_vectors("chunks", chunks, request)
-    assert len(ours) == len(chunks) and all(len(v) == 384 for v in ours)
+    ids = minilm.load().tokenize(chunks)
+    theirs_ids = _sentence_transformers_ids(chunks, request)
+    wrong = [i for i, (a, b) in enumerate(zip(ids, theirs_ids)) if a != b]
+    assert len(ids) == len(theirs_ids) and not wrong, (
+        f"{len(wrong)} chunks tokenized differently, first {chunks[wrong[0]][:80]!r}"
+    )
+    sample = chunks[::VECTOR_STEP]
+    lengths = [len(row) for row in ids[::VECTOR_STEP]]
+    assert sum(n == MAX_TOKENS for n in lengths) >= 10, "too few chunks exercise truncation"
+    assert sum(_is_cjk(c) for c in sample) >= 50, "too few Chinese chunks"
+    ours = minilm.embed_documents(sample)
+    theirs = _sentence_transformers_vectors("chunks", chunks, request)[::VECTOR_STEP]
+    assert len(ours) == len(sample) and all(len(v) == 384 for v in ours)
     cos = _cosines(ours, theirs)
     worst = int(cos.argmin())
-    print(f"min cosine over {len(chunks)} chunks: {cos.min():.8f}", file=sys.stderr)
-    assert cos.min() >= MIN_COSINE, f"chunk {worst} ({lengths[worst]} tokens) {chunks[worst][:80]!r}: cosine {cos[worst]}"
+    print(f"min cosine over {len(sample)} chunks: {cos.min():.8f}", file=sys.stderr)
+    assert cos.min() >= MIN_COSINE, f"chunk {worst} ({lengths[worst]} tokens) {sample[worst][:80]!r}: cosine {cos[worst]}"
     assert np.allclose(np.linalg.norm(np.asarray(ours), axis=1), 1.0, atol=1e-5)
 
 
@@ -309,8 +336,8 @@ def test_minilm_model_rejects_folder_without_weights_with_next_step(tmp_path):
 
 
 def write_reference() -> None:
-    """Record sentence-transformers' vectors of the N_CHUNKS chunks, QUERIES and EDGE_TEXTS in REFERENCE_FILE (run
-    after changing any of them)."""
+    """Record sentence-transformers' token ids and vectors of the N_CHUNKS chunks and its vectors of QUERIES and
+    EDGE_TEXTS in REFERENCE_FILE (run after changing any of them)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -320,6 +347,9 @@ def write_reference() -> None:
     for name, texts in (("chunks", _real_chunks()), ("queries", QUERIES), ("edges", EDGE_TEXTS)):
         arrays[f"{name}_digest"] = np.asarray(_texts_digest(texts))
         arrays[f"{name}_vectors"] = _encode_reference(model, name, texts).astype(np.float16)
+    ids = _reference_ids(model, _real_chunks())
+    arrays["chunks_ids"] = np.asarray([i for row in ids for i in row], dtype=np.int32)
+    arrays["chunks_id_lengths"] = np.asarray([len(row) for row in ids], dtype=np.int32)
     REFERENCE_FILE.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(REFERENCE_FILE, **arrays)
     print(f"wrote {REFERENCE_FILE}: {', '.join(f'{k} {v.shape}' for k, v in arrays.items())}", file=sys.stderr)
