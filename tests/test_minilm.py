@@ -30,7 +30,7 @@ from kb_minilm import (
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_KB = REPO / "examples" / "sample_kb"
 HELLO_ALGO = REPO.parent / "shared" / "corpora" / "hello-algo"
-# Chunks compared with sentence-transformers, token ids; most are short.
+# Chunks whose token ids are compared with sentence-transformers'; most are short.
 N_CHUNKS = 1000
 # Every VECTOR_STEP-th of them is also embedded and its vector compared. The forward pass is a function of the token
 # ids, all compared, and a quarter of the chunks still spans every length, truncation included (embedding all 1,000
@@ -178,9 +178,8 @@ def test_minilm_matches_sentence_transformers_on_real_chunks(minilm, request):
     ids = minilm.load().tokenize(chunks)
     theirs_ids = _sentence_transformers_ids(chunks, request)
     wrong = [i for i, (a, b) in enumerate(zip(ids, theirs_ids)) if a != b]
-    assert len(ids) == len(theirs_ids) and not wrong, (
-        f"{len(wrong)} chunks tokenized differently, first {chunks[wrong[0]][:80]!r}"
-    )
+    assert len(ids) == len(theirs_ids) == N_CHUNKS
+    assert not wrong, f"{len(wrong)} chunks tokenized differently, the first {chunks[wrong[0]][:80]!r}"
     sample = chunks[::VECTOR_STEP]
     lengths = [len(row) for row in ids[::VECTOR_STEP]]
     assert sum(n == MAX_TOKENS for n in lengths) >= 10, "too few chunks exercise truncation"
