@@ -52,6 +52,12 @@ def _save(path: Path, text: str, rng: random.Random) -> None:
         path.write_text(text, encoding="utf-8")
 
 
+def pause_until(deadline: float, pause_s: float) -> float:
+    """A loop's pause, cut short at `deadline` (time.monotonic()): a person's pauses (the soak's, up to 20 s) drawn in
+    full after the deadline kept the drill running past its time."""
+    return min(pause_s, max(0.0, deadline - time.monotonic()))
+
+
 def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: int, pause_scale: float = 1.0) -> int:
     rng = random.Random(seed)
     folder = vault / STORM_DIR
@@ -102,8 +108,7 @@ def run_editor(vault: Path, log_path: Path, seconds: float, seed: int, max_ops: 
                     f.write(ext_line(ext_n) + "\n")
                 record(op=op, n=ext_n)
             ops += 1
-            # never past the deadline: the soak's pauses (up to 6 s) kept it running after its time
-            time.sleep(min(pause_scale * rng.uniform(*PAUSE_S), max(0.0, deadline - time.monotonic())))
+            time.sleep(pause_until(deadline, pause_scale * rng.uniform(*PAUSE_S)))
         record(op="done", ops=ops, notes={rel: note_token(nid, v) for nid, (rel, v) in notes.items()}, ext=ext_n)
     return 0
 

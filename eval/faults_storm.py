@@ -38,7 +38,7 @@ from faults_common import (
     run_cli,
     tail,
 )
-from faults_editor import WORDS, ext_line
+from faults_editor import WORDS, ext_line, pause_until
 from faults_kills import QUERIES
 from faults_report import PartResult, Run
 from harness import write_config
@@ -96,10 +96,8 @@ class Storm:
         return time.monotonic() < self.deadline
 
     async def pause(self, kind: str) -> None:
-        """One loop's pause between calls, never past the deadline: the soak's (a person's, up to 20 s) kept it
-        running ~13 s after its time."""
-        pause_s = self.run.rng.uniform(*self.pauses[kind])
-        await anyio.sleep(min(pause_s, max(0.0, self.deadline - time.monotonic())))
+        """One loop's pause between calls, never past the deadline."""
+        await anyio.sleep(pause_until(self.deadline, self.run.rng.uniform(*self.pauses[kind])))
 
     def start_loops(self, tg: Any, servers: list[Server]) -> None:
         """Each server's append, search and index_status loops, in the task group `tg`."""

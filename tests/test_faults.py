@@ -20,7 +20,7 @@ PARTS = ("kills", "append-kills", "storm", "hostile", "soak")
 # (25-29 s here), so it adds no wall time of its own (at 30 s its last ~10 s left a core idle; the file took 45 s,
 # now 39 s). A sample a second: 14 after the warm-up third, where growth is judged from 8 (faults_soak.MIN_SAMPLES).
 SOAK_S = 20
-# Generous for a busy 2-core machine; the three runs take about 60 s here, side by side.
+# Generous for a busy 2-core machine; the three runs take about 40 s here, side by side.
 QUICK_TIMEOUT_S = 900
 
 

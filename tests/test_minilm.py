@@ -141,13 +141,24 @@ def _texts_digest(chunks: list[str]) -> str:
     return hashlib.blake2b("\x00".join(chunks).encode("utf-8"), digest_size=16).hexdigest()
 
 
+def _recorded(name: str, texts: list[str], *keys: str) -> dict[str, np.ndarray] | None:
+    """The arrays `keys` that REFERENCE_FILE holds for exactly `texts` (the set `name`), else None."""
+    if not REFERENCE_FILE.is_file():
+        return None
+    with np.load(REFERENCE_FILE, allow_pickle=False) as data:
+        if not all(k in data.files for k in (f"{name}_digest", *keys)):
+            return None
+        if str(data[f"{name}_digest"]) != _texts_digest(texts):
+            return None
+        return {k: data[k] for k in keys}
+
+
 def _sentence_transformers_vectors(name: str, texts: list[str], request: pytest.FixtureRequest) -> np.ndarray:
     """sentence-transformers' vectors of `texts` (the set `name`: chunks, queries or edges): as recorded in
     REFERENCE_FILE for exactly these texts, else computed now."""
-    if REFERENCE_FILE.is_file():
-        with np.load(REFERENCE_FILE, allow_pickle=False) as data:
-            if f"{name}_digest" in data.files and str(data[f"{name}_digest"]) == _texts_digest(texts):
-                return np.asarray(data[f"{name}_vectors"], dtype=np.float32)
+    recorded = _recorded(name, texts, f"{name}_vectors")
+    if recorded is not None:
+        return np.asarray(recorded[f"{name}_vectors"], dtype=np.float32)
     print(f"{REFERENCE_FILE} does not hold these {name}; running sentence-transformers", file=sys.stderr)
     return _encode_reference(request.getfixturevalue("reference"), name, texts)
 
@@ -159,11 +170,10 @@ def _encode_reference(model: Any, name: str, texts: list[str]) -> np.ndarray:
 
 def _sentence_transformers_ids(chunks: list[str], request: pytest.FixtureRequest) -> list[list[int]]:
     """The token ids sentence-transformers feeds its model for `chunks`: as recorded in REFERENCE_FILE, else now."""
-    if REFERENCE_FILE.is_file():
-        with np.load(REFERENCE_FILE, allow_pickle=False) as data:
-            if "chunks_ids" in data.files and str(data["chunks_digest"]) == _texts_digest(chunks):
-                ends = np.cumsum(data["chunks_id_lengths"])
-                return [row.tolist() for row in np.split(data["chunks_ids"], ends[:-1])]
+    recorded = _recorded("chunks", chunks, "chunks_ids", "chunks_id_lengths")
+    if recorded is not None:
+        ends = np.cumsum(recorded["chunks_id_lengths"])
+        return [row.tolist() for row in np.split(recorded["chunks_ids"], ends[:-1])]
     print(f"{REFERENCE_FILE} does not hold these chunks' token ids; running sentence-transformers", file=sys.stderr)
     return _reference_ids(request.getfixturevalue("reference"), chunks)
 
@@ -343,10 +353,11 @@ def write_reference() -> None:
     torch.set_num_threads(1)
     model = SentenceTransformer(str(bundled_model_path()), device="cpu", local_files_only=True)
     arrays = {}
-    for name, texts in (("chunks", _real_chunks()), ("queries", QUERIES), ("edges", EDGE_TEXTS)):
+    chunks = _real_chunks()
+    for name, texts in (("chunks", chunks), ("queries", QUERIES), ("edges", EDGE_TEXTS)):
         arrays[f"{name}_digest"] = np.asarray(_texts_digest(texts))
         arrays[f"{name}_vectors"] = _encode_reference(model, name, texts).astype(np.float16)
-    ids = _reference_ids(model, _real_chunks())
+    ids = _reference_ids(model, chunks)
     arrays["chunks_ids"] = np.asarray([i for row in ids for i in row], dtype=np.int32)
     arrays["chunks_id_lengths"] = np.asarray([len(row) for row in ids], dtype=np.int32)
     REFERENCE_FILE.parent.mkdir(parents=True, exist_ok=True)
