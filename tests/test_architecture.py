@@ -265,6 +265,13 @@ def test_readme_quick_start_has_install_and_test_commands_and_ci_runs_the_test_o
     assert test.strip() in (REPO / ".ci" / "run").read_text(encoding="utf-8")
 
 
+def test_the_longest_first_order_names_only_test_files_that_exist():
+    from conftest import SLOW_FILES_FIRST  # a misspelt name would be ignored without a word, and its file run last
+
+    missing = [name for name in SLOW_FILES_FIRST if not (REPO / "tests" / name).is_file()]
+    assert not missing and len(set(SLOW_FILES_FIRST)) == len(SLOW_FILES_FIRST), missing
+
+
 def _declared_imports(module: str) -> tuple[set[str], set[str]]:
     """The project modules a module's docstring says it imports: its line `Imports: a, b; lazily: c.`"""
     doc = ast.get_docstring(_tree(module)) or ""

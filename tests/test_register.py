@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kb_fixtures import seed_sample_index
+
+from kb_config import load_config, user_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "register_mcp.sh"
@@ -79,6 +82,20 @@ def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox(home, config, workdir, env)
 
 
+@pytest.fixture
+def indexed_sandbox(sandbox: Sandbox, sample_index: tuple[Path, Path]) -> Sandbox:
+    """The sandbox as a registered vault usually is: already indexed, and the models' per-user cache warm. The server
+    claude starts opens the index and embeds nothing, and maps the models from the cache: in the throwaway HOME it
+    embedded the vault with both models and built the models' cache again, ~3 CPU-s a server for nothing the test
+    reads. Only our cache folder is linked; claude's own files stay in the throwaway HOME."""
+    seed_sample_index(sample_index, SAMPLE_KB, load_config(sandbox.config, env={}).data_dir)
+    cache = user_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    (sandbox.home / ".cache").mkdir()
+    (sandbox.home / ".cache" / cache.name).symlink_to(cache, target_is_directory=True)
+    return sandbox
+
+
 def _run_script(box: Sandbox, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [BASH, str(SCRIPT), *args],
@@ -125,7 +142,8 @@ def _path_without_claude(tmp_path: Path) -> str:
 
 
 @needs_claude
-def test_register_script_adds_server_that_connects(sandbox: Sandbox) -> None:
+def test_register_script_adds_server_that_connects(indexed_sandbox: Sandbox) -> None:
+    sandbox = indexed_sandbox
     result = _run_script(sandbox, sys.executable, "--config", str(sandbox.config))
     assert result.returncode == 0, result.stdout + result.stderr
     # The script ends with `claude mcp list`, a claude process of its own that reads the saved registration and
@@ -139,7 +157,8 @@ def test_register_script_adds_server_that_connects(sandbox: Sandbox) -> None:
 
 
 @needs_claude
-def test_register_script_replaces_entry_when_run_twice(sandbox: Sandbox) -> None:
+def test_register_script_replaces_entry_when_run_twice(indexed_sandbox: Sandbox) -> None:
+    sandbox = indexed_sandbox
     args = (sys.executable, "--config", str(sandbox.config), "--scope", "local")
     first = _run_script(sandbox, *args)
     assert first.returncode == 0, first.stdout + first.stderr
