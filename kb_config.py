@@ -261,11 +261,19 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml  # local: only this function parses YAML
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file or start again from config.example.yaml.") from e
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    # libyaml's parser where PyYAML has it (its wheels do): every process reads the config, a session's relay before it
+    # answers; config.example.yaml parses in ~3 ms against ~20 ms in pure Python. The same safe constructor builds the
+    # values; an error is parsed again in pure Python, whose message quotes the line with a caret under the fault.
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file or start again from config.example.yaml.") from e
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -314,6 +314,27 @@ def test_load_config_rejects_a_file_that_is_not_a_yaml_mapping(tmp_path: Path, y
     assert "c.yaml" in message
 
 
+def test_load_config_quotes_the_faulty_line_of_a_yaml_error_under_libyaml_too(tmp_path: Path) -> None:
+    """The config is parsed with libyaml's parser where PyYAML has it; its errors give only a line and column, so an
+    error is parsed again in pure Python, whose message shows the line with a caret under the fault."""
+    path = _write_config(tmp_path / "cfg", "data_dir: .kb_data\nsearch:\n  mode: [hybrid\n")
+
+    message = _config_error(path, env={})
+
+    assert "line 3, column 9:" in message and "  mode: [hybrid\n" in message and "^" in message, message
+
+
+def test_load_config_reads_the_example_file_alike_with_libyaml_and_pure_python() -> None:
+    import yaml
+
+    import kb_config
+
+    text = kb_config.EXAMPLE_CONFIG_FILE.read_text(encoding="utf-8")
+    if not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("this PyYAML has no libyaml: the config is parsed in pure Python only")
+    assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.safe_load(text)
+
+
 def test_load_config_accepts_an_empty_file(tmp_path: Path, vault: Path) -> None:
     path = _write_config(tmp_path / "cfg", "# nothing set yet\n")
 
