@@ -61,6 +61,10 @@ RETIRED_KEYS = {
     "(the keyword lists' weight against the models' lists)",
 }
 VECTOR_STORE_MODES = ("local", "http")
+# A config with more opening brackets than this is parsed in pure Python: flow nesting can be no deeper than its count
+# of brackets, and 256 levels stay far from where libyaml's recursion exhausts a stack (~25k levels on 8 MB; a 512 KB
+# thread stack, macOS's default, would hold ~1.6k). A real config has a handful.
+LIBYAML_MAX_OPENERS = 256
 
 
 class KBError(Exception):
@@ -267,13 +271,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     # libyaml's parser where PyYAML has it (its wheels do): every process reads the config, a session's relay before it
     # answers; config.example.yaml parses in ~3 ms against ~20 ms in pure Python. The same safe constructor builds the
     # values; an error is parsed again in pure Python, whose message quotes the line with a caret under the fault.
+    # Defense in depth: libyaml's composer recurses in C and crashes the process on brackets nested ~25k deep (8 MB
+    # stack); a file with more than LIBYAML_MAX_OPENERS of them is read in pure Python, which raises RecursionError.
+    loader = yaml.SafeLoader
+    if hasattr(yaml, "CSafeLoader") and text.count("[") + text.count("{") <= LIBYAML_MAX_OPENERS:
+        loader = yaml.CSafeLoader
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError:
+        data = yaml.load(text, Loader=loader)
+    except (yaml.YAMLError, RecursionError):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file or start again from config.example.yaml.") from e
+        except RecursionError as e:
+            raise ConfigError(f"{path} nests its values too deep to read; start again from config.example.yaml.") from e
     if data is None:
         return {}
     if not isinstance(data, dict):

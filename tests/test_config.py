@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from kb_fixtures import REPO_ROOT
 
 import kb_config
 from kb_config import ConfigError, ensure_config_file, load_config
@@ -322,6 +325,23 @@ def test_load_config_quotes_the_faulty_line_of_a_yaml_error_under_libyaml_too(tm
     message = _config_error(path, env={})
 
     assert "line 3, column 9:" in message and "  mode: [hybrid\n" in message and "^" in message, message
+
+
+def test_load_config_says_a_file_nests_too_deep_instead_of_crashing(tmp_path: Path) -> None:
+    """Brackets nested 100,000 deep would crash libyaml's composer (it recurses in C), so a file with that many is read
+    in pure Python, which stops with a clear error. From a process of its own: a regression kills it (SIGSEGV)."""
+    depth = 100_000
+    path = _write_config(tmp_path / "cfg", "kb_dir: " + "[" * depth + "]" * depth + "\n")
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; from kb_config import load_config; load_config(sys.argv[1])", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert out.returncode == 1 and "nests its values too deep to read" in out.stderr, (out.returncode, out.stderr[-500:])
 
 
 def test_load_config_reads_the_example_file_alike_with_libyaml_and_pure_python() -> None:
