@@ -347,11 +347,9 @@ def test_load_config_says_a_file_nests_too_deep_instead_of_crashing(tmp_path: Pa
 def test_load_config_reads_the_example_file_alike_with_libyaml_and_pure_python() -> None:
     import yaml
 
-    import kb_config
-
-    text = kb_config.EXAMPLE_CONFIG_FILE.read_text(encoding="utf-8")
     if not hasattr(yaml, "CSafeLoader"):
         pytest.skip("this PyYAML has no libyaml: the config is parsed in pure Python only")
+    text = kb_config.EXAMPLE_CONFIG_FILE.read_text(encoding="utf-8")
     assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.safe_load(text)
 
 
