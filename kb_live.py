@@ -110,7 +110,7 @@ def _libc(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _collector_paused(collect: bool = False) -> Iterator[None]:
+def collector_paused(collect: bool = False) -> Iterator[None]:
     """Python's cyclic garbage collector off while the keyword view or the models load, then what loaded moved out of
     its reach (`collect`: after one pass over it, which frees the cycles the load left).
 
@@ -118,12 +118,16 @@ def _collector_paused(collect: bool = False) -> Iterator[None]:
     walked them again and again as they were made, 0.4 s of the keyword view's 0.8 s and 0.3 s of the models' 0.6 s
     there, with the SDK's own objects walked each time too. Frozen, later collections skip them. Loading the view
     leaves no cycles (a pass over it freed 0 objects, in 50-60 ms), loading the models a few (164, in 6-7 ms; a
-    sentence-transformers model more): only the models get that pass."""
+    sentence-transformers model more): only the models get that pass. The MCP SDK's import and the tools' schemas
+    (mcp_server.build_server) get none: their ~1,400 objects of cyclic garbage stay, and the pass would cost 50-100 ms
+    of the ~75 ms the pause saves a server's start."""
+    was_enabled = gc.isenabled()  # nested, or under a caller that keeps it off: left as it was
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
         if collect:
             gc.collect(0)  # everything made while paused is still in the youngest generation
         gc.freeze()
@@ -205,7 +209,7 @@ class LiveIndex:
         engine.defer_vectors()  # the first keyword answer needs the view only; the segments load with the model
         self._start_watching()  # before the first walk, so no edit made during it is missed
         try:
-            with _collector_paused():
+            with collector_paused():
                 engine.sync_all(write=False)  # the keyword view, current with the notes: all a first answer needs
             self._walked(background=True)
         except Exception:
@@ -223,7 +227,7 @@ class LiveIndex:
             engine.load_vectors()
         except Exception:
             logger.exception("loading the vector segments failed; the next sync retries")
-        with _collector_paused(collect=True):
+        with collector_paused(collect=True):
             load_model(engine)
             try:
                 self.searcher.warm_up()  # the relevance gate's background sample, not in the first semantic search

@@ -333,7 +333,7 @@ def test_cycles_a_model_load_leaves_are_freed_not_frozen():
         pass
 
     try:
-        with kb_live._collector_paused(collect=True):
+        with kb_live.collector_paused(collect=True):
             a, b = Node(), Node()
             a.other, b.other = b, a
             gone = weakref.ref(a)
@@ -350,7 +350,7 @@ def test_start_up_turns_the_garbage_collector_back_on_even_when_loading_fails():
     import gc
 
     try:
-        with pytest.raises(OSError), kb_live._collector_paused():
+        with pytest.raises(OSError), kb_live.collector_paused():
             assert not gc.isenabled()
             raise OSError("disk went away")
         assert gc.isenabled()

@@ -94,3 +94,21 @@ async def test_an_append_is_found_by_the_next_search_in_process(client):
     assert [h["path"] for h in data["hits"]][:1] == ["inbox.md"]
     text = await _error(client, "update_knowledge_base", {"path": "projects/homelab/Homelab.md", "content": "- no"})
     assert "whitelist" in text and "not writable" in text
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_build_server_freezes_the_sdks_objects_and_leaves_the_collector_as_it_was(sample_vault, tmp_path, collector_on):
+    import gc
+
+    kb = mcp_server.KnowledgeBase(make_config(sample_vault, tmp_path / "data"), embedder=HashEmbedder())
+    frozen = gc.get_freeze_count()
+    if not collector_on:
+        gc.disable()
+    try:
+        mcp_server.build_server(kb)
+        assert gc.isenabled() is collector_on  # a collector left off would grow the server's memory for good
+        assert gc.get_freeze_count() > frozen  # the tools' schemas, out of every later collection's walk
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        kb.shutdown()
