@@ -204,6 +204,8 @@ class Engine:
         self._vectors_deferred = False  # defer_vectors: the segments state.json names are not loaded yet
         self._swept = False
         self.state = IndexState(self.state_path, self.params)  # state.json as this process last read or wrote it
+        self._others_read = 0  # state.version just after the last read of a state.json another process wrote
+        self._others_taken = 0  # the _others_read whose commits the view has taken in (see _notes_others_committed)
         self._pending: tuple[Any, list[str]] = (None, [])  # (state/segments key, contents without a vector)
         self._pending_parts: dict[int, tuple[Any, list[str], int]] = {}  # model -> (key, its pending, skipped count)
         self._contents: tuple[int, list[str]] = (-1, [])  # (state version, every content state.json references)
@@ -352,7 +354,8 @@ class Engine:
             sweep_temp_files(self.cfg.index_dir, recursive=True)  # half-written state, views and segments
         if rebuild:
             self._rebuild(report)
-        disk = scan_vault(self.cfg) if full else self._stat_paths(paths or [])
+        others = self._others_read  # a full scan takes in every commit read before it (and only those)
+        disk = scan_vault(self.cfg) if full else self._stat_paths([*(paths or []), *self._notes_others_committed(report)])
         if full:
             self._scan_skipped = dict(getattr(disk, "skipped", {}))  # names no note can have, FIFOs, broken links
             self._hold_mass_deletion(disk, report)
@@ -370,6 +373,8 @@ class Engine:
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
         report.committed = committed
         self._reconcile_view(disk, full, report, planned)
+        if full:
+            self._others_taken = max(self._others_taken, others)
         if committed and embed_limit != 0 and self.model_error is None:
             try:
                 self._apply_vector_policy(report)
@@ -514,10 +519,35 @@ class Engine:
                     return False
                 try:
                     self._read_state(reasons)
+                    self._others_read = self.state.version
                     return True
                 except _Retry:
                     continue
         raise KBError(f"the index at {self.cfg.index_dir} keeps changing under this process; try again")
+
+    def others_committed(self) -> bool:
+        """Whether state.json changed since this process last read or wrote it: another process committed."""
+        with self.state.lock:
+            return not self.state.is_current()
+
+    def _notes_others_committed(self, report: SyncReport) -> list[str]:
+        """The notes whose record another process committed differs from this view's, once per read of its commit.
+
+        A sync of a few paths takes them in too: an append another server acknowledged is then searchable here before
+        this process's file events for it arrive (under load they came after the search had answered). Notes another
+        process removed are left to their events and to the search's check of its hits."""
+        try:
+            self._refresh_state(report.reasons)
+        except KBError:
+            return []  # the sync's own read of state.json says why
+        if self._others_read == self._others_taken:
+            return []
+        self._others_taken = self._others_read
+        with self.state.lock:
+            committed = [(p, r.md5, r.stat) for p, r in self.state.files.items()]
+        with self.mutex:
+            held = self.view.files
+            return [p for p, md5, stat in committed if (mine := held.get(p)) is None or (mine.md5, mine.stat) != (md5, stat)]
 
     # ---- the writer: notes -> state.json ----------------------------------------------------------------------------
 
