@@ -354,11 +354,14 @@ class Engine:
             sweep_temp_files(self.cfg.index_dir, recursive=True)  # half-written state, views and segments
         if rebuild:
             self._rebuild(report)
-        others = self._others_read  # a full scan takes in every commit read before it (and only those)
-        disk = scan_vault(self.cfg) if full else self._stat_paths([*(paths or []), *self._notes_others_committed(report)])
         if full:
+            others = self._others_read  # the scan takes in every commit read before it (and only those)
+            disk = scan_vault(self.cfg)
             self._scan_skipped = dict(getattr(disk, "skipped", {}))  # names no note can have, FIFOs, broken links
             self._hold_mass_deletion(disk, report)
+        else:
+            elsewhere, others = self._notes_others_committed(report)
+            disk = self._stat_paths([*(paths or []), *elsewhere])
         committed = False
         planned: dict[str, _Plan] = {}  # the notes this sync committed, as chunked: the view takes them as they are
         if write:
@@ -373,8 +376,7 @@ class Engine:
                 report.reasons.append(f"{e}; nothing was committed, so this process searches its own keyword view")
         report.committed = committed
         self._reconcile_view(disk, full, report, planned)
-        if full:
-            self._others_taken = max(self._others_taken, others)
+        self._others_taken = max(self._others_taken, others)
         if committed and embed_limit != 0 and self.model_error is None:
             try:
                 self._apply_vector_policy(report)
@@ -530,8 +532,9 @@ class Engine:
         with self.state.lock:
             return not self.state.is_current()
 
-    def _notes_others_committed(self, report: SyncReport) -> list[str]:
-        """The notes whose record another process committed differs from this view's, once per read of its commit.
+    def _notes_others_committed(self, report: SyncReport) -> tuple[list[str], int]:
+        """The notes whose record another process committed differs from this view's, and the read of state.json
+        they come from (the sync records it as taken in once its view has them): computed once per such read.
 
         A sync of a few paths takes them in too: an append another server acknowledged is then searchable here before
         this process's file events for it arrive (under load they came after the search had answered). Notes another
@@ -539,15 +542,16 @@ class Engine:
         try:
             self._refresh_state(report.reasons)
         except KBError:
-            return []  # the sync's own read of state.json says why
-        if self._others_read == self._others_taken:
-            return []
-        self._others_taken = self._others_read
+            return [], self._others_taken  # the sync's own read of state.json says why
+        others = self._others_read
+        if others == self._others_taken:
+            return [], others
         with self.state.lock:
             committed = [(p, r.md5, r.stat) for p, r in self.state.files.items()]
         with self.mutex:
             held = self.view.files
-            return [p for p, md5, stat in committed if (mine := held.get(p)) is None or (mine.md5, mine.stat) != (md5, stat)]
+            changed = [p for p, md5, stat in committed if (mine := held.get(p)) is None or (mine.md5, mine.stat) != (md5, stat)]
+        return changed, others
 
     # ---- the writer: notes -> state.json ----------------------------------------------------------------------------
 
