@@ -332,8 +332,8 @@ class LiveIndex:
         if changes is None:
             self.counts["state_checks"] += 1
             if file_identity(engine.state_path) != self._state_seen:  # a commit since this process last synced
-                # Another process's names notes to take in (the sync adds them): wait for a running sync, as with
-                # events. Only this process's own (its vectors) never waits.
+                # Another process's commit names notes to take in (the sync adds them): wait for a running sync, as
+                # with events. This process's own commits (its vectors) never make a search wait.
                 self._sync(engine, [], notes, wait_s=SYNC_WAIT_S if engine.others_committed() else 0.0)
             return False
         paths = paths_to_check(changes, self.cfg.kb_dir, engine.view.paths())
