@@ -62,7 +62,7 @@ from kb_state import (
 )
 from kb_store import VectorStore
 from kb_text import Tokenizer, cjk_share, content_hash
-from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, config_embedder, is_english_only
+from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, config_embedder, is_english_only, vector_revisions
 from kb_view import IndexView
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,8 @@ class Engine:
         self.store = open_vector_store(cfg, self.embedder.name)
         # The models in the order a first index embeds them; model by model where the store keeps rows with some
         # models only (the local store), else whole rows (a Chroma server).
-        self.plans = plan_models(self.embedder, per_model=hasattr(self.store, "write_part"))
+        self._per_model_store = hasattr(self.store, "write_part")  # the local store (rows with some models, revisions)
+        self.plans = plan_models(self.embedder, per_model=self._per_model_store)
         self.view = IndexView(self.tokenizer, cfg.metadata_weight, self.store)
         self.state_path = cfg.index_dir / "state.json"
         self.params: dict[str, Any] = {
@@ -757,17 +758,27 @@ class Engine:
     def _pending_for(self, plan: ModelPlan) -> list[str]:
         """The contents model `plan` embeds (state.json's, less the mostly Chinese ones it leaves to another model)
         that have no vector of it yet (cached per state and segments)."""
-        key = (self.state.version, self.store.segments, len(self.store))
+        revs = self._revisions()
+        key = (self.state.version, self.store.segments, len(self.store), revs)
         cached = self._pending_parts.get(plan.index)
         if cached is None or cached[0] != key:
             contents = self._state_contents()
-            missing = self.store.missing(contents) if plan.whole else self.store.missing(contents, plan.index)
+            part = None if plan.whole else plan.index
+            if revs is None:  # a Chroma server: whole rows, no revisions
+                missing = self.store.missing(contents)
+            else:
+                missing = self.store.missing(contents, part, revs)
             skipped = [c for c in missing if self._leaves(plan, c)] if plan.skips_chinese else []
             if skipped:
                 gone = set(skipped)
                 missing = [c for c in missing if c not in gone]
             cached = self._pending_parts[plan.index] = (key, missing, len(skipped))
         return cached[1]
+
+    def _revisions(self) -> int | None:
+        """The revisions mask of the vectors the models make now (kb_store: a stored vector of another revision is
+        embedded again, once); None for a store that keeps no revisions (a Chroma server)."""
+        return vector_revisions(self.embedder) if self._per_model_store else None
 
     def _leaves(self, plan: ModelPlan, content: str) -> bool:
         """Whether model `plan` leaves this content to another model (kb_embedrun.embeds); False while its text is
@@ -977,12 +988,15 @@ class Engine:
             if self.state.model_switch:
                 return False
             self._sweep_segments()
-            if plan.whole:
+            revs = self._revisions()
+            if revs is None:
                 segments = self.store.write_segment(vectors)
+            elif plan.whole:
+                segments = self.store.write_segment(vectors, revs)
             else:  # as MultiEmbedder lays a row out: each model's unit vector over sqrt(models)
                 scale = 1.0 / math.sqrt(len(dims))
                 segments = self.store.write_part(
-                    plan.index, dims, {k: np.asarray(v, dtype=np.float64) * scale for k, v in vectors.items()}
+                    plan.index, dims, {k: np.asarray(v, dtype=np.float64) * scale for k, v in vectors.items()}, revs
                 )
             if segments != self.store.segments:
                 self._commit_state(segments)

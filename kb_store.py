@@ -8,7 +8,9 @@ nothing. Search is an exact cosine (a matrix-vector product per segment).
 A row is the models' vectors side by side (kb_vectors.MultiEmbedder's layout). It may hold only some of them (a first
 index embeds the multilingual model first; an English-only model skips mostly Chinese text): its `parts` mask says
 which, the slots of the others are zeros, and a query is scored only on rows holding the models it asks about. A row
-that gains a model is written again whole; the later copy wins. Imports: kb_config, kb_files.
+that gains a model is written again whole; the later copy wins. A row's `revs` mask says which of its models' vectors
+came from that model's revision 1 (the bundled MiniLM's int8 kernel: kb_minilm); a vector of another revision than the
+embedder's counts as missing, so it is embedded again and, until then, still answers. Imports: kb_config, kb_files.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class VectorStore:
         self._starts = np.zeros(0, dtype=np.int64)  # each block's first row
         self._cache: dict[str, _Segment] = {}  # segment name -> its contents
         self._masks = np.zeros(0, dtype=MASK_DTYPE)  # each row's parts (ALL_PARTS: every model's vector)
+        self._revs = np.zeros(0, dtype=MASK_DTYPE)  # each row's parts that came from their model's revision 1
         self._dims: tuple[int, ...] | None = None  # the models' vector sizes, from the segments that record them
         self._partial = False  # some row that counts (the last of its content) lacks a model's vector
         self._factors: dict[int, np.ndarray] = {}  # parts a query asks about -> score factor per mask (see _factor)
@@ -101,14 +104,23 @@ class VectorStore:
         """Whether some content's row lacks a model's vector (a first index under way, or skipped text)."""
         return self._partial
 
-    def missing(self, contents: Iterable[str], part: int | None = None) -> list[str]:
+    def missing(self, contents: Iterable[str], part: int | None = None, revs: int | None = None) -> list[str]:
         """The content hashes that have no vector yet (with `part`: none of model `part`, the index of its slots),
-        in the order given, without repeats."""
+        in the order given, without repeats; with `revs`, also those whose vector is of another revision than it
+        says (its bit `part`; whole rows: the entire mask)."""
         with self._lock:
+            row, masks, held = self._row, self._masks, self._revs
             if part is None:
-                return [c for c in dict.fromkeys(contents) if c not in self._row]
-            bit, row, masks = 1 << part, self._row, self._masks
-            return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit]
+                if revs is None:
+                    return [c for c in dict.fromkeys(contents) if c not in row]
+                return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or held[i] != revs]
+            bit = 1 << part
+            if revs is None:
+                return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit]
+            want = revs & bit
+            return [
+                c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit or held[i] & bit != want
+            ]
 
     def parts_of(self, content: str) -> int:
         """The parts mask of a content's row (0: no row; ALL_PARTS: every model's vector)."""
@@ -141,12 +153,13 @@ class VectorStore:
                     blocks.append(seg.vectors)
                 keys.extend(seg.keys)
             masks = np.concatenate([loaded[n].masks for n in names]) if names else np.zeros(0, dtype=MASK_DTYPE)
+            revs = np.concatenate([loaded[n].revs for n in names]) if names else np.zeros(0, dtype=MASK_DTYPE)
             row: dict[str, int] = {}
             for i, k in enumerate(keys):
                 row[k] = i  # a later segment's copy of the same text wins: the same vectors, or more models'
             self._blocks, self._starts = blocks, np.asarray(starts, dtype=np.int64)
             self._keys, self._row, self._segments, self._cache = keys, row, names, loaded
-            self._masks = masks
+            self._masks, self._revs = masks, revs
             self._dims = next(iter(layouts)) if layouts else None
             counted = np.fromiter(row.values(), dtype=np.int64, count=len(row))
             self._partial = bool((masks[counted] != ALL_PARTS).any())
@@ -175,6 +188,7 @@ class VectorStore:
                 vectors = np.asarray(data["vectors"], dtype=DTYPE)
                 masks = np.asarray(data["parts"], dtype=MASK_DTYPE) if "parts" in data else None
                 dims = tuple(int(d) for d in data["dims"]) if "dims" in data else None
+                revs = np.asarray(data["revs"], dtype=MASK_DTYPE) if "revs" in data else None
         except FileNotFoundError:
             raise
         except (OSError, ValueError, KeyError) as e:
@@ -183,36 +197,41 @@ class VectorStore:
             ) from e
         if masks is None:
             masks = np.full(len(keys), ALL_PARTS, dtype=MASK_DTYPE)
-        if vectors.ndim != 2 or len(keys) != len(vectors) or len(masks) != len(keys):
+        if revs is None:  # written before revisions, or every vector from revision 0
+            revs = np.zeros(len(keys), dtype=MASK_DTYPE)
+        if vectors.ndim != 2 or len(keys) != len(vectors) or len(masks) != len(keys) or len(revs) != len(keys):
             raise IndexFormatError(f"vector segment {path} is malformed; run `python ingest.py --rebuild`")
         if dims is not None and len(vectors) and sum(dims) != vectors.shape[1]:
             raise IndexFormatError(
                 f"vector segment {path} names models of sizes {dims} but holds rows of "
                 f"{vectors.shape[1]}; run `python ingest.py --rebuild`"
             )
-        return _Segment(keys, vectors, masks, dims)
+        return _Segment(keys, vectors, masks, dims, revs)
 
     # ---- writing (the caller holds the index lock, then commits state.json with the returned list) -------------
 
-    def write_segment(self, vectors: dict[str, Sequence[float]]) -> tuple[str, ...]:
-        """Write the vectors (content hash -> vector) not yet stored as one new segment file.
+    def write_segment(self, vectors: dict[str, Sequence[float]], revs: int = 0) -> tuple[str, ...]:
+        """Write the vectors (content hash -> vector, every model's, of the revisions `revs` says) not yet stored as
+        such as one new segment file.
 
         Returns the segment list for state.json: the current one plus the new file (unchanged if nothing was new).
         The store keeps showing the old list until `load` is called with the new one after the commit.
         """
         with self._lock:
-            row, masks = self._row, self._masks
-            new = {k: v for k, v in vectors.items() if (i := row.get(k)) is None or masks[i] != ALL_PARTS}
+            row, masks, held = self._row, self._masks, self._revs
+            new = {k: v for k, v in vectors.items() if (i := row.get(k)) is None or masks[i] != ALL_PARTS or held[i] != revs}
             if not new:
                 return self._segments
             matrix = np.asarray(list(new.values()), dtype=DTYPE)
-            name = self._write(list(new), matrix, np.full(len(new), ALL_PARTS, dtype=MASK_DTYPE), self._dims)
+            full = np.full(len(new), ALL_PARTS, dtype=MASK_DTYPE)
+            name = self._write(list(new), matrix, full, self._dims, np.full(len(new), revs, dtype=MASK_DTYPE))
             return (*self._segments, name)
 
-    def write_part(self, part: int, dims: Sequence[int], vectors: dict[str, Sequence[float]]) -> tuple[str, ...]:
-        """Write model `part`'s vectors (content hash -> its slots' values, scaled as the row holds them) into rows
-        of models of sizes `dims`: a content's row keeps what it held and gains this model; contents that hold it
-        already are left out. Returns the segment list for state.json, as write_segment does.
+    def write_part(self, part: int, dims: Sequence[int], vectors: dict[str, Sequence[float]], revs: int = 0) -> tuple[str, ...]:
+        """Write model `part`'s vectors (content hash -> its slots' values, scaled as the row holds them; of the
+        revision bit `part` of `revs` says) into rows of models of sizes `dims`: a content's row keeps what it held
+        and gains this model's vector, or replaces one of another revision; contents that hold it already are left
+        out. Returns the segment list for state.json, as write_segment does.
 
         Example: store.write_part(1, (512, 384), {"3fa2...": minilm_vector / math.sqrt(2)})
         """
@@ -227,20 +246,24 @@ class VectorStore:
                     "other models; run `python ingest.py` to re-embed with the configured ones"
                 )
             todo = [(k, self._row.get(k)) for k in vectors]
-            todo = [(k, i) for k, i in todo if i is None or not self._masks[i] & bit]
+            want = revs & bit
+            todo = [(k, i) for k, i in todo if i is None or not self._masks[i] & bit or self._revs[i] & bit != want]
             if not todo:
                 return self._segments
             old = [i for _, i in todo if i is not None]
             matrix = np.zeros((len(todo), sum(dims)), dtype=DTYPE)
             masks = np.zeros(len(todo), dtype=MASK_DTYPE)
+            row_revs = np.zeros(len(todo), dtype=MASK_DTYPE)
             if old:
                 had = [j for j, (_, i) in enumerate(todo) if i is not None]
                 matrix[had] = self._rows(old)
                 masks[had] = self._masks[old]
+                row_revs[had] = self._revs[old]
             matrix[:, where] = np.asarray([vectors[k] for k, _ in todo], dtype=DTYPE)
             masks |= bit
             masks[masks & full == full] = ALL_PARTS
-            name = self._write([k for k, _ in todo], matrix, masks, dims)
+            row_revs = (row_revs & ~np.uint8(bit)) | np.uint8(want)
+            name = self._write([k for k, _ in todo], matrix, masks, dims, row_revs)
             return (*self._segments, name)
 
     def without_part(self, part: int, dims: Sequence[int], contents: Iterable[str]) -> tuple[str, ...]:
@@ -262,18 +285,23 @@ class VectorStore:
             matrix = self._rows([i for _, i, _ in todo])
             matrix[:, where] = 0.0
             masks = np.asarray([m for _, _, m in todo], dtype=MASK_DTYPE)
-            name = self._write([k for k, _, _ in todo], matrix, masks, dims)
+            row_revs = self._revs[[i for _, i, _ in todo]] & ~np.uint8(bit)
+            name = self._write([k for k, _, _ in todo], matrix, masks, dims, row_revs)
             return (*self._segments, name)
 
-    def _write(self, keys: list[str], matrix: np.ndarray, masks: np.ndarray, dims: tuple[int, ...] | None) -> str:
-        """One new segment file; masks and sizes are recorded only when a row lacks a model (else the file is the
-        format every earlier version reads)."""
+    def _write(
+        self, keys: list[str], matrix: np.ndarray, masks: np.ndarray, dims: tuple[int, ...] | None, revs: np.ndarray
+    ) -> str:
+        """One new segment file; masks and sizes are recorded only when a row lacks a model, revisions only when
+        one is not 0 (else the file is the format every earlier version reads)."""
         name = f"seg-{uuid.uuid4().hex[:16]}{SEGMENT_SUFFIX}"
         buf = io.BytesIO()
         extra = {} if dims is None or bool((masks == ALL_PARTS).all()) else {"parts": masks, "dims": np.asarray(dims)}
+        if revs.any():
+            extra["revs"] = revs
         np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix, **extra)
         atomic_write_bytes(self.folder / name, buf.getvalue())
-        self._cache[name] = _Segment(keys, matrix, masks, dims if extra else None)
+        self._cache[name] = _Segment(keys, matrix, masks, dims if "dims" in extra else None, revs)
         return name
 
     def compacted(self, live: set[str]) -> tuple[str, ...] | None:
@@ -286,7 +314,7 @@ class VectorStore:
             keep = [k for k in self._row if k in live]
             rows = [self._row[k] for k in keep]
             matrix = self._rows(rows) if keep else np.zeros((0, max(self.dim, 1)), dtype=DTYPE)
-            return (self._write(keep, matrix, self._masks[rows], self._dims),) if keep else ()
+            return (self._write(keep, matrix, self._masks[rows], self._dims, self._revs[rows]),) if keep else ()
 
     def clear(self) -> None:
         """Forget every vector (rebuild, model change); the caller has committed a state.json naming none."""
@@ -404,10 +432,11 @@ class VectorStore:
 
 
 class _Segment(NamedTuple):
-    """One segment file as read or written: content hashes, their rows, each row's parts mask, and the models' sizes
-    (None when every row holds every model)."""
+    """One segment file as read or written: content hashes, their rows, each row's parts mask, the models' sizes
+    (None when every row holds every model) and each row's revisions mask."""
 
     keys: list[str]
     vectors: np.ndarray
     masks: np.ndarray
     dims: tuple[int, ...] | None
+    revs: np.ndarray

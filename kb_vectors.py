@@ -376,6 +376,12 @@ def embedder_parts(embedder: Embedder) -> list[Embedder]:
     return list(getattr(embedder, "parts", None) or [embedder])
 
 
+def vector_revisions(embedder: Embedder) -> int:
+    """The store's revisions mask for an embedder's vectors: bit i set where model i's vectors come from its revision
+    1 (the bundled MiniLM's int8 kernel; `vector_revision` of the model, 0 where it has none)."""
+    return sum(1 << i for i, part in enumerate(embedder_parts(embedder)) if getattr(part, "vector_revision", 0))
+
+
 def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:
     """Model `index`'s query vector in the store's layout (a single model: the plain query vector, scale 1)."""
     return embed_query_parts(embedder, index, [text])[0]

@@ -381,3 +381,44 @@ def test_a_model_failing_in_a_worker_process_ends_the_run_with_the_reason(mixed_
 def test_coverage_note_words_the_time_left_as_people_read_it(seconds, says):
     note = kb_embedrun.coverage_note([kb_embedrun.Coverage(USE, 10, 20)], seconds, running=True)
     assert note.endswith(says)
+
+
+class Revised(Recorder):
+    """A recorder whose vectors depend on its revision (as the bundled MiniLM's int8 kernel's differ from its float
+    pass's)."""
+
+    def __init__(self, dim: int, name: str, revision: int) -> None:
+        super().__init__(dim, name)
+        self.vector_revision = revision
+
+    def embed_documents(self, texts):
+        vectors = super().embed_documents(texts)
+        return [[x * (-1.0 if self.vector_revision else 1.0) for x in v] for v in vectors]
+
+
+def test_a_new_revision_of_one_model_re_embeds_its_vectors_only_while_the_old_ones_answer(mixed_vault, tmp_path):
+    data = tmp_path / "data"
+    first = _engine(mixed_vault, data, MultiEmbedder([Recorder(24, USE), Revised(16, MINILM, 0)]))
+    first.sync_all()
+    english = [c for c in {c.content for c in first.chunks.values()} if first.store.parts_of(c) == ALL_PARTS]
+    old = {c: first.store.vector(c).copy() for c in english}
+    use, minilm = Recorder(24, USE), Revised(16, MINILM, 1)
+    engine = _engine(mixed_vault, data, MultiEmbedder([use, minilm]))
+    engine.load_vectors()
+    assert english and {c.model: c.embedded for c in engine.coverage()}[MINILM] == 0  # all of revision 0
+
+    minilm.release.clear()  # hold the English model's first call: the index as a search sees it meanwhile
+    run = threading.Thread(target=engine.sync_all)
+    run.start()
+    assert minilm.waiting.wait(WAIT_S)
+    assert all(np.array_equal(engine.store.vector(c), old[c]) for c in english)  # the old vectors still answer
+    minilm.release.set()
+    run.join(WAIT_S)
+
+    assert use.texts == [] and len(minilm.texts) == len(english)  # only the new revision's model embedded
+    for c in english:
+        now = engine.store.vector(c)
+        assert np.array_equal(now[:24], old[c][:24]) and np.allclose(now[24:], -old[c][24:], atol=1e-6)
+    assert engine.coverage_note() is None and engine.sync_all().embedded_by_model == {}
+    reopened = _engine(mixed_vault, data, MultiEmbedder([Recorder(24, USE), Revised(16, MINILM, 1)]))
+    assert reopened.sync_all().embedded_by_model == {}  # the revisions are in the index's files

@@ -42,6 +42,9 @@ LENGTH_MIX = ((0.80, 1, 16), (0.12, 16, 60), (0.04, 60, 150), (0.04, 300, 420))
 CJK_CHARS_PER_WORD = 2
 # Every cosine to the sentence-transformers vector must reach this.
 MIN_COSINE = 0.9999
+# The int8 kernel's vectors to the float ones, each (measured: 0.979 the lowest of 256 dev questions, 0.982 of 240
+# hello-algo chunks; a miswired graph gives ~0.1-0.5).
+MIN_INT8_COSINE = 0.97
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
 # sentence-transformers' token ids of the N_CHUNKS chunks and vectors of them, of QUERIES and of EDGE_TEXTS, recorded by
@@ -110,7 +113,7 @@ def _real_chunks() -> list[str]:
 
 @pytest.fixture(scope="module")
 def minilm() -> MiniLMEmbedder:
-    embedder = MiniLMEmbedder(threads=2)
+    embedder = MiniLMEmbedder(threads=2, kernel="numpy")  # float32: sentence-transformers' vectors (int8: below)
     embedder.load()
     return embedder
 
@@ -227,7 +230,7 @@ def test_minilm_restores_input_order_and_ignores_batch_neighbours(minilm):
 
 def test_minilm_gives_the_same_vectors_with_one_or_two_threads(minilm):
     texts = [f"note {i}: " + "the quick brown fox jumps " * (i % 7) for i in range(70)]
-    one = MiniLMEmbedder(threads=1, batch_size=8)
+    one = MiniLMEmbedder(threads=1, batch_size=8, kernel="numpy")
     assert _cosines(one.embed_documents(texts), minilm.embed_documents(texts)).min() >= 0.999999
 
 
@@ -385,13 +388,13 @@ def test_layers_load_from_the_per_user_cache_with_the_same_vectors(tmp_path):
 
     texts = [*QUERIES, "kubectl rollout undo deployment/web --to-revision=3"]
     folder = bundled_model_path()
-    plain = MiniLMModel(folder)
+    plain = MiniLMModel(folder, kernel="numpy")
     want = plain.encode_ids(plain.tokenize(texts))
     (tmp_path / f"{kb_minilm.LAYER_CACHE_PREFIX}0-1-2.npy").write_bytes(b"an older layout's cache")
-    first = MiniLMModel(folder, tmp_path)  # builds the layers, writes the cache, then maps it
+    first = MiniLMModel(folder, tmp_path, kernel="numpy")  # builds the layers, writes the cache, then maps it
     files = list(tmp_path.iterdir())
     assert len(files) == 1 and files[0].name.startswith(f"{kb_minilm.LAYER_CACHE_PREFIX}{kb_minilm.LAYER_CACHE_LAYOUT}-")
-    again = MiniLMModel(folder, tmp_path)  # reads it
+    again = MiniLMModel(folder, tmp_path, kernel="numpy")  # reads it
     for model in (first, again):
         assert all(_mapped(layer.ff1_w) for layer in model.layers)
         assert np.array_equal(model.encode_ids(model.tokenize(texts)), want)
@@ -402,20 +405,123 @@ def test_a_torn_layer_cache_is_rewritten_and_an_unwritable_one_leaves_the_layers
 
     texts = QUERIES[:3]
     folder = bundled_model_path()
-    plain = MiniLMModel(folder)
+    plain = MiniLMModel(folder, kernel="numpy")
     want = plain.encode_ids(plain.tokenize(texts))
-    MiniLMModel(folder, tmp_path)
+    MiniLMModel(folder, tmp_path, kernel="numpy")
     cache = next(tmp_path.iterdir())
     size = cache.stat().st_size
     cache.write_bytes(cache.read_bytes()[: size // 3])  # a kill or a full disk mid-write
     with caplog.at_level(logging.INFO, logger="kb_minilm"):
-        again = MiniLMModel(folder, tmp_path)
+        again = MiniLMModel(folder, tmp_path, kernel="numpy")
     assert "ignoring the MiniLM layer cache" in caplog.text and cache.stat().st_size == size
     assert np.array_equal(again.encode_ids(again.tokenize(texts)), want)
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache folder should be", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="kb_minilm"):
-        kept = MiniLMModel(folder, blocked)
+        kept = MiniLMModel(folder, blocked, kernel="numpy")
     assert "not caching MiniLM's layers" in caplog.text
     assert not _mapped(kept.layers[0].ff1_w)
     assert np.array_equal(kept.encode_ids(kept.tokenize(texts)), want)
+
+
+def test_the_bundled_minilm_runs_its_int8_graph_where_onnxruntime_is_installed():
+    embedder = MiniLMEmbedder()
+    assert embedder.vector_revision == 1  # predicted before loading...
+    assert embedder.load().kernel == "int8" and embedder.vector_revision == 1  # ...and so once loaded
+
+
+def test_float_graph_reproduces_the_numpy_pass_on_real_chunks():
+    """The graph's wiring (attention, layer norms, GELU) without the int8 products: the numpy pass's arithmetic."""
+    import kb_kernels
+
+    chunks = _real_chunks()[::20]
+    folder = bundled_model_path()
+    plain, graph = MiniLMModel(folder, kernel="numpy"), MiniLMModel(folder, kernel="numpy")
+    tensors = read_safetensors(folder / "model.safetensors")
+    graph.session = kb_kernels.open_session(
+        kb_kernels.minilm_graph(tensors, graph.n_layers, graph.heads, graph.eps, int8=False), threads=1
+    )
+    ids = plain.tokenize(chunks)
+    got, want = graph.encode_ids(ids), plain.encode_ids(ids)
+    assert np.abs(got - want).max() <= 1e-4
+    assert _cosines(got, want).min() >= MIN_COSINE
+
+
+def test_int8_vectors_are_close_to_the_float_ones_on_real_text():
+    texts = _real_chunks()[::4] + QUERIES
+    folder = bundled_model_path()
+    int8, plain = MiniLMModel(folder, kernel="int8"), MiniLMModel(folder, kernel="numpy")
+    ids = plain.tokenize(texts)
+    cos = _cosines(int8.encode_ids(ids), plain.encode_ids(ids))
+    assert cos.mean() >= 0.99 and cos.min() >= MIN_INT8_COSINE, (cos.mean(), cos.min(), texts[int(np.argmin(cos))][:80])
+
+
+def test_an_int8_vector_does_not_depend_on_the_texts_embedded_beside_it():
+    model = MiniLMModel(bundled_model_path(), kernel="int8")
+    ids = model.tokenize(QUERIES)
+    together = model.encode_ids(ids)
+    alone = np.vstack([model.encode_ids([one]) for one in ids])
+    assert np.array_equal(together, alone)
+
+
+def test_graph_is_cached_per_user_under_its_digest_and_a_torn_or_altered_file_is_rebuilt(tmp_path, caplog):
+    import logging
+
+    import kb_kernels
+
+    texts = QUERIES[:4]
+    folder = bundled_model_path()
+    first = MiniLMModel(folder, tmp_path, kernel="int8")
+    want = first.encode_ids(first.tokenize(texts))
+    (tmp_path / f"{kb_kernels.GRAPH_PREFIX}minilm-l0-old.onnx").write_bytes(b"an older layout's graph")
+    MiniLMModel(folder, tmp_path, kernel="int8")  # reads the cached file; the older layout's is not touched here
+    files = sorted(tmp_path.glob(f"*-l{kb_kernels.GRAPH_LAYOUT}-*.onnx"))
+    assert len(files) == 1
+    graph = files[0]
+    assert hashlib.sha256(graph.read_bytes()).hexdigest() in graph.name
+    good = graph.read_bytes()
+    for broken in (good[:1000], good[:-9] + b"123456789"):  # torn; same size, altered
+        graph.write_bytes(broken)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="kb_kernels"):
+            again = MiniLMModel(folder, tmp_path, kernel="int8")
+        assert "rebuilding" in caplog.text and again.kernel == "int8"
+        assert graph.read_bytes() == good  # built again: the same bytes
+        assert np.array_equal(again.encode_ids(again.tokenize(texts)), want)
+
+
+def test_without_onnxruntime_the_model_runs_in_numpy_with_a_warning(monkeypatch, caplog):
+    import logging
+
+    import kb_minilm
+
+    monkeypatch.setattr(kb_minilm, "runtime_version", lambda: None)
+    monkeypatch.setattr("kb_kernels._WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="kb_kernels"):
+        model = MiniLMModel(bundled_model_path())
+    assert model.kernel == "numpy" and "onnxruntime is not installed" in caplog.text
+    assert model.encode_ids(model.tokenize(["hello"])).shape == (1, 384)
+    assert MiniLMEmbedder().vector_revision == 0
+    with pytest.raises(ModelUnavailableError, match="onnxruntime"):
+        MiniLMModel(bundled_model_path(), kernel="int8")
+
+
+def test_a_graph_whose_vectors_differ_is_dropped_and_the_numpy_pass_used(tmp_path, monkeypatch, caplog):
+    """The check a newly built graph passes before use: here the graph is built from weights with one matrix
+    scrambled."""
+    import logging
+
+    import kb_minilm
+
+    real = kb_minilm.minilm_graph
+
+    def wrong(tensors, *args):
+        name = "encoder.layer.0.output.dense.weight"
+        return real({**tensors, name: np.asarray(tensors[name])[::-1].copy()}, *args)
+
+    monkeypatch.setattr(kb_minilm, "minilm_graph", wrong)
+    monkeypatch.setattr("kb_kernels._WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="kb_kernels"):
+        model = MiniLMModel(bundled_model_path(), tmp_path)
+    assert model.kernel == "numpy" and "numpy pass's" in caplog.text
+    assert not list(tmp_path.glob("*.onnx"))

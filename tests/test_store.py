@@ -175,3 +175,49 @@ def test_a_commits_new_segment_is_loaded_without_copying_the_vectors_already_hel
     assert store.nearest(query.tolist(), 1)[0][0] == "b1"
     assert store.cosines(query.tolist(), ["b1", "a7"])["b1"] == pytest.approx(float(small[1] @ query), abs=1e-6)
     assert np.array_equal(store.vector("a7"), big[7]) and np.array_equal(store.vector("b2"), small[2])
+
+
+def _random_unit(rng: np.random.Generator, dim: int) -> np.ndarray:
+    v = rng.standard_normal(dim)
+    return v / np.linalg.norm(v)
+
+
+def test_a_vector_of_another_revision_counts_as_missing_and_is_replaced_in_place(tmp_path, monkeypatch):
+    """The bundled MiniLM's int8 kernel (revision 1) after its float one: every row keeps answering with its old
+    vector until its new one is written; the other model's vector is kept as it was."""
+    rng = np.random.default_rng(0)
+    dims = (3, 2)
+    store = VectorStore(tmp_path)
+    store.load(store.write_part(0, dims, {"a": _random_unit(rng, 3), "b": _random_unit(rng, 3)}))
+    store.load(store.write_part(1, dims, {"a": _random_unit(rng, 2), "b": _random_unit(rng, 2)}))  # revision 0
+    before = {k: store.vector(k).copy() for k in "ab"}
+
+    assert store.missing("ab", 1) == [] and store.missing("ab", 1, revs=0b10) == ["a", "b"]
+    assert store.missing("ab", 0, revs=0b10) == []  # model 0 made none at revision 1: its vectors stand
+    new_b = _random_unit(rng, 2)
+    store.load(store.write_part(1, dims, {"b": new_b}, revs=0b10))
+    assert store.missing("ab", 1, revs=0b10) == ["a"]
+    assert np.allclose(store.vector("b")[3:], new_b) and np.allclose(store.vector("b")[:3], before["b"][:3])
+    assert np.array_equal(store.vector("a"), before["a"])  # still answering with its revision-0 vector
+    assert store.write_part(1, dims, {"b": _random_unit(rng, 2)}, revs=0b10) == store.segments  # held at this revision
+
+    again = VectorStore(tmp_path)  # the revisions are in the files
+    again.load(store.segments)
+    assert again.missing("ab", 1, revs=0b10) == ["a"]
+    monkeypatch.setattr(kb_store, "MAX_SEGMENTS", 0)
+    merged = again.compacted({"a", "b"})  # a merge into one segment keeps each row's revisions
+    assert merged is not None and len(merged) == 1
+    again.load(merged)
+    assert again.missing("ab", 1, revs=0b10) == ["a"]
+    again.load(again.without_part(1, dims, ["b"]))  # a model that no longer embeds a text drops its revision too
+    assert again.missing(["b"], 1) == ["b"] and again.missing(["b"], 0, revs=0) == []
+
+
+def test_whole_rows_of_another_revision_are_missing_and_rewritten(tmp_path):
+    store = VectorStore(tmp_path)
+    store.load(store.write_segment({"a": [1.0, 0.0], "b": [0.0, 1.0]}))
+    assert store.missing("ab", revs=1) == ["a", "b"] and store.missing("ab") == []
+    store.load(store.write_segment({"a": [0.6, 0.8]}, revs=1))
+    assert store.missing("ab", revs=1) == ["b"]
+    assert np.allclose(store.vector("a"), [0.6, 0.8])
+    assert store.write_segment({"a": [0.6, 0.8]}, revs=1) == store.segments
