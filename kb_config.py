@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ CONFIG_FILE_NAME = "config.yaml"
 #   KB_SERVER_NAME          server.name
 #   KB_LOG_LEVEL            server.log_level
 #   KB_SERVER_TOKEN         server.token
+#   KB_SERVER_AUTH          server.auth
+#   KB_SERVER_PUBLIC_URL    server.public_url
+#   KB_SERVER_REDACT        server.redact
 #   KB_WRITABLE             write.writable (comma-separated)
 #   KB_VECTOR_STORE         vector_store.mode
 #   KB_CHROMA_HOST          vector_store.host
@@ -61,6 +65,10 @@ RETIRED_KEYS = {
     "(the keyword lists' weight against the models' lists)",
 }
 VECTOR_STORE_MODES = ("local", "http")
+# How --transport http admits clients: the static bearer token, or OAuth 2.1 with the owner's sign-in (kb_oauth).
+SERVER_AUTH_MODES = ("token", "oauth")
+# When replies are masked for secrets (kb_redact): to remote (OAuth) clients only, to every client, or never.
+REDACT_MODES = ("remote", "always", "never")
 # A config with more opening brackets than this is parsed in pure Python: flow nesting can be no deeper than its count
 # of brackets, and 256 levels stay far from where libyaml's recursion exhausts a stack (~25k levels on 8 MB; a 512 KB
 # thread stack, macOS's default, would hold ~1.6k). A real config has a handful.
@@ -138,6 +146,20 @@ def _str_map(v: dict) -> str | None:
     return None if ok else "must map header names to strings, e.g. {Authorization: 'Bearer ...'}"
 
 
+def _public_url(v: str) -> str | None:
+    # The shape only; whether plain http is acceptable (loopback only) is decided when the OAuth server starts.
+    if not v:
+        return None
+    try:
+        parts = urlsplit(v)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/")
+        ok = ok and not (parts.query or parts.fragment or parts.username or parts.password)
+        ok = ok and (parts.port is None or parts.port > 0)  # .port raises ValueError when it is not a number
+    except ValueError:
+        ok = False
+    return None if ok else "must be an origin like https://notes.example.com (no path: the connector URL adds /mcp)"
+
+
 def _collection_prefix(v: str) -> str | None:
     return None if re.fullmatch(r"[A-Za-z0-9._-]{0,40}", v) else "must be at most 40 of A-Z a-z 0-9 . _ -"
 
@@ -171,6 +193,10 @@ FIELDS: tuple[_Field, ...] = (
     _Field("server.log_level", "log_level", str, "INFO", "KB_LOG_LEVEL", _one_of(LOG_LEVELS)),
     _Field("server.token", "server_token", str, "", "KB_SERVER_TOKEN"),
     _Field("server.allowed_hosts", "allowed_hosts", list, [], None, _str_list),
+    _Field("server.auth", "server_auth", str, "token", "KB_SERVER_AUTH", _one_of(SERVER_AUTH_MODES)),
+    _Field("server.public_url", "public_url", str, "", "KB_SERVER_PUBLIC_URL", _public_url),
+    _Field("server.private_paths", "private_paths", list, [], None, _str_list),
+    _Field("server.redact", "redact", str, "remote", "KB_SERVER_REDACT", _one_of(REDACT_MODES)),
     _Field("server.shared", "shared", bool, True),
     _Field("server.idle_exit", "idle_exit_s", float, 300.0, None, _range(0.0, 604800.0)),
     _Field("write.writable", "writable", list, ["inbox.md"], "KB_WRITABLE", _str_list),
@@ -221,6 +247,10 @@ class Config:
     log_level: str = "INFO"
     server_token: str = field(default="", repr=False)  # bearer token for --transport http; never printed or logged
     allowed_hosts: tuple[str, ...] = ()
+    server_auth: str = "token"  # --transport http: "token" (server.token) or "oauth" (kb_oauth, `auth init`)
+    public_url: str = ""  # oauth: the https origin clients reach (a tunnel); the connector URL is public_url + /mcp
+    private_paths: tuple[str, ...] = ()  # globs of notes only a client holding notes:private sees
+    redact: str = "remote"  # when replies are masked for secrets: remote | always | never
     shared: bool = True  # stdio sessions attach to one shared server per vault and config (kb_relay, kb_shared)
     idle_exit_s: float = 300.0  # the shared server exits after this long with no session attached
     writable: tuple[str, ...] = ("inbox.md",)

@@ -1,5 +1,6 @@
-"""The one note filter of the tools: folder (path_prefix), tag, modified within N days, properties (`where`) and note
-dates, validated once from the tool's arguments and then asked per note by search and list_notes.
+"""The one note filter of the tools: folder (path_prefix), tag, modified within N days, properties (`where`), note
+dates and, for a remote client without the notes:private scope, private notes; validated once from the tool's arguments
+and then asked per note by search and list_notes (read_note, related_notes and index_status ask PrivateNotes alone).
 
 Pure: records in, booleans out (the current time is read once, when the filter is built).
 Imports: kb_config, kb_frontmatter, kb_scan, kb_state.
@@ -7,6 +8,7 @@ Imports: kb_config, kb_frontmatter, kb_scan, kb_state.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +21,51 @@ from kb_state import FileRecord
 
 # Property keys named in a bad-filter error, at most.
 KEYS_IN_ERROR = 40
+# The property that makes one note private (server.private_paths makes whole folders private), and its value.
+VISIBILITY_KEY, PRIVATE_VALUE = "visibility", "private"
+
+
+def _glob_pattern(glob: str) -> re.Pattern[str]:
+    """A server.private_paths glob as a regular expression over vault paths: `**` any depth (`**/` none too), `*` and
+    `?` within one folder; a folder name alone or with a trailing `/` covers everything in it; case-insensitive (a
+    case-insensitive file system would serve `private/x.md` for `Private/x.md`)."""
+    g = glob.strip().replace("\\", "/").lstrip("/")
+    while g.startswith("./"):
+        g = g[2:]
+    if g.endswith("/") or not any(c in g for c in "*?") and "." not in g.rsplit("/", 1)[-1]:
+        g = g.rstrip("/") + "/**"
+    out, i = [], 0
+    while i < len(g):
+        if g.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif g.startswith("**", i):
+            out.append(".*")
+            i += 2
+        else:
+            out.append({"*": "[^/]*", "?": "[^/]"}.get(g[i]) or re.escape(g[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class PrivateNotes:
+    """The notes a remote client without notes:private never sees: `visibility: private` in a note's properties, or a
+    path that one of server.private_paths' globs covers.
+
+    Example: PrivateNotes.of(["Private/**", "journal/"]).covers("journal/2026-03-02.md", rec) -> True
+    """
+
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    @classmethod
+    def of(cls, globs: Iterable[str]) -> PrivateNotes:
+        return cls(tuple(_glob_pattern(g) for g in globs if g and g.strip()))
+
+    def covers(self, path: str, rec: FileRecord | None) -> bool:
+        if rec is not None and any(v.strip().lower() == PRIVATE_VALUE for v in rec.properties.get(VISIBILITY_KEY, ())):
+            return True
+        return any(p.match(path) for p in self.patterns)
 
 
 @dataclass(frozen=True)
@@ -34,6 +81,7 @@ class NoteFilter:
     where: dict[str, frozenset[str]] | None = None  # lower-cased property key -> accepted values
     date_from: str | None = None  # ISO dates the note's day must lie between (both included)
     date_to: str | None = None
+    private: PrivateNotes | None = None  # notes hidden from this call (None: the owner, who sees every note)
 
     @classmethod
     def of(
@@ -45,6 +93,7 @@ class NoteFilter:
         date_from: str | None = None,
         date_to: str | None = None,
         property_keys: Iterable[str] = (),
+        private: PrivateNotes | None = None,
     ) -> NoteFilter:
         """The filter of a tool call's arguments; raises KBError saying what is wrong with one (and what is valid)."""
         tag_norm = tag.strip().lstrip("#").lower() if tag and tag.strip() else None
@@ -55,17 +104,20 @@ class NoteFilter:
             check_where(where, property_keys),
             check_date("date_from", date_from),
             check_date("date_to", date_to),
+            private,
         )
 
     @property
     def active(self) -> bool:
         """Whether it rules out any note at all."""
         return bool(self.folder or self.tag or self.where) or any(
-            v is not None for v in (self.since, self.date_from, self.date_to)
+            v is not None for v in (self.since, self.date_from, self.date_to, self.private)
         )
 
     def accepts(self, path: str, rec: FileRecord | None) -> bool:
         if rec is None or not under_prefix(path, self.folder):
+            return False
+        if self.private is not None and self.private.covers(path, rec):
             return False
         if self.tag and not any(t.lower() == self.tag or t.lower().startswith(self.tag + "/") for t in rec.tags):
             return False

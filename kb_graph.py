@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kb_config import KBError
 from kb_engine import Engine
@@ -70,11 +71,16 @@ def _hit(path: str, row: LinkRow, context: str) -> LinkHit:
     return LinkHit(path, row.line, context, row.label or "", row.heading or "", bool(row.embed))
 
 
-def related_notes(engine: Engine, path: str, limit: int) -> Related:
+def related_notes(engine: Engine, path: str, limit: int, private: Any = None) -> Related:
     """Outgoing links and backlinks of `path` (with the line that links), its unresolved links, and the `limit`
-    notes nearest in meaning (by the best cosine between its chunks and theirs)."""
+    notes nearest in meaning (by the best cosine between its chunks and theirs). `private` (kb_filter.PrivateNotes,
+    for a client that must not see private notes): a private `path` is answered as one not indexed, and no private
+    note is listed (a link to one is left out, not shown as unresolved)."""
     view = engine.view
     rec = view.record(path)
+    hidden: Callable[[str], bool] = (lambda p: private.covers(p, view.record(p))) if private is not None else (lambda p: False)
+    if rec is not None and hidden(path):
+        rec = None
     if rec is None or rec.skipped:
         why = f" (skipped: {rec.skipped})" if rec and rec.skipped else ""
         raise KBError(f"'{path}' is not an indexed note{why}; pass a path from search_my_knowledge_base or list_notes")
@@ -82,16 +88,20 @@ def related_notes(engine: Engine, path: str, limit: int) -> Related:
     chunk_ids = list(view.chunks_by_id(rec.chunks))
     line = _line_reader(engine)
     out = Related(path)
-    for row, target in graph.outgoing.get(path, [])[: limit * 4]:
+    outgoing = [(row, target) for row, target in graph.outgoing.get(path, []) if not (target and hidden(target))]
+    for row, target in outgoing[: limit * 4]:
         hit = _hit(target or row.target, row, line(path, row.line))
         (out.outgoing if target else out.unresolved).append(hit)
-    for src, row in graph.backlinks.get(path, [])[: limit * 4]:
+    backlinks = [(src, row) for src, row in graph.backlinks.get(path, []) if not hidden(src)]
+    for src, row in backlinks[: limit * 4]:
         out.backlinks.append(_hit(src, row, line(src, row.line)))
-    out.nearest = _nearest(engine, path, chunk_ids, limit, out.notes)
+    out.nearest = _nearest(engine, path, chunk_ids, limit, out.notes, hidden)
     return out
 
 
-def _nearest(engine: Engine, path: str, chunk_ids: list[str], limit: int, notes: list[str]) -> list[tuple[str, float]]:
+def _nearest(
+    engine: Engine, path: str, chunk_ids: list[str], limit: int, notes: list[str], hidden: Callable[[str], bool]
+) -> list[tuple[str, float]]:
     if engine.model_error:
         notes.append(f"no notes nearest in meaning: semantic search is off ({engine.model_error})")
         return []
@@ -106,7 +116,7 @@ def _nearest(engine: Engine, path: str, chunk_ids: list[str], limit: int, notes:
             path_of = engine.view.paths_of(cid for cid, _ in found)
             for cid, cos in found:
                 other = path_of.get(cid)
-                if other is not None and other != path and cos > best.get(other, -2.0):
+                if other is not None and other != path and cos > best.get(other, -2.0) and not hidden(other):
                     best[other] = cos
     except KBError as e:
         notes.append(f"no notes nearest in meaning: {e}")

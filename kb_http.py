@@ -1,8 +1,11 @@
-"""MCP over streamable HTTP (`--transport http`): the SDK's own transport at /mcp behind a bearer token.
+"""MCP over streamable HTTP (`--transport http`): the SDK's own transport at /mcp behind a bearer token, or, with
+server.auth: oauth, behind kb_oauth's OAuth 2.1 server (claude.ai and the phone apps, through an https tunnel).
 
-Every request needs `Authorization: Bearer <token>` (compared in constant time, never logged); without a token the
-server does not start, and it never binds a non-loopback address without one. The SDK's DNS-rebinding protection
-checks Host and Origin. Imports: kb_config, kb_files.
+Token mode: every request needs `Authorization: Bearer <token>` (compared in constant time, never logged); without a
+token the server does not start, and it never binds a non-loopback address without one. The SDK's DNS-rebinding
+protection checks Host and Origin. OAuth mode: refuses to start before `auth init` or without an https public_url; the
+store and the audit log of a vault live in auth_folder(cfg).
+Imports: kb_config, kb_files, kb_audit, kb_authstore, kb_redact; lazily: kb_oauth.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kb_audit import AuditLog
+from kb_authstore import AuthStore
 from kb_config import Config, ConfigError
 from kb_files import atomic_write_text
+from kb_redact import redact
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +33,12 @@ TOKEN_BYTES = 32
 MCP_PATH = "/mcp"
 # Host names that only this machine can reach.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# server.auth: oauth keeps each vault's OAuth store and audit log in data_dir/AUTH_DIR/<index folder name>.
+AUTH_DIR = "auth"
+# What the OAuth refusals tell the owner to run.
+AUTH_INIT_COMMAND = "python mcp_server.py auth init"
+# Longest request path the OAuth server's request log shows.
+LOG_PATH_CHARS = 200
 
 
 def token_path(cfg: Config) -> Path:
@@ -121,10 +134,81 @@ def http_app(server: Any, cfg: Config, host: str, token: str) -> Any:
     return BearerTokenMiddleware(app, token)
 
 
+def auth_folder(cfg: Config) -> Path:
+    """The vault's OAuth store and audit log: beside the index folder, not in it, so `ingest.py --rebuild` keeps grants."""
+    return cfg.data_dir / AUTH_DIR / cfg.index_dir.name
+
+
+def open_audit(cfg: Config) -> AuditLog:
+    """The vault's audit log (auth events and tool calls over HTTP), every string masked by kb_redact."""
+    return AuditLog(auth_folder(cfg), mask=redact)
+
+
+def open_auth_store(cfg: Config, audit: AuditLog | None = None, **context: Any) -> AuthStore:
+    """The vault's OAuth store; its events (logins, registrations, revocations) go to `audit` with `context` added."""
+    if audit is None:
+        return AuthStore(auth_folder(cfg))
+    return AuthStore(auth_folder(cfg), on_event=lambda event, detail: audit.record_auth(event, **(detail | context)))
+
+
+def client_names(cfg: Config) -> Callable[[str], str | None]:
+    """client id -> the name it registered with (None when unknown), for the audit log's tool lines."""
+    store = open_auth_store(cfg)
+    return lambda client_id: (store.get_client(client_id) or {}).get("client_name")
+
+
+def check_oauth(cfg: Config) -> str:
+    """Refuse OAuth serving without an https server.public_url (http on loopback only) or before `auth init`;
+    returns the normalised public URL."""
+    from kb_oauth import check_public_url
+
+    if not cfg.public_url:
+        raise ConfigError(
+            f"server.auth is oauth but server.public_url is empty (config {cfg.source}); set it to the https address "
+            "clients reach, your tunnel's, e.g. https://notes.example.com (or KB_SERVER_PUBLIC_URL)"
+        )
+    public_url = check_public_url(cfg.public_url)
+    store = open_auth_store(cfg)
+    if not store.is_initialised():
+        raise ConfigError(
+            f"server.auth is oauth but no owner passphrase is set for this vault (in {store.folder}); "
+            f"run `{AUTH_INIT_COMMAND}` first"
+        )
+    return public_url
+
+
+def _log_request(method: str, path: str, status: int, client_id: str | None) -> None:
+    """The OAuth server's request log: no query strings or headers (they may carry codes); refusals at INFO."""
+    shown = "".join(c if c.isprintable() else "?" for c in path[:LOG_PATH_CHARS])
+    who = f" (client {client_id[:8]})" if client_id else ""
+    logger.log(logging.INFO if status >= 400 else logging.DEBUG, "%s %s -> %d%s", method, shown, status, who)
+
+
+def oauth_http_app(server: Any, cfg: Config, host: str) -> tuple[Any, str]:
+    """kb_oauth's app for `server` over this vault's store, auth events to its audit log; returns (app, public URL)."""
+    from kb_oauth import oauth_app
+
+    public_url = check_oauth(cfg)
+    store = open_auth_store(cfg, open_audit(cfg))
+    app = oauth_app(server, store, public_url, host, cfg.allowed_hosts, on_request=_log_request)
+    return app, public_url
+
+
 def serve_http(server: Any, cfg: Config, host: str, port: int) -> None:
     """Serve until interrupted: several client sessions at once, one process, one index."""
     import uvicorn
 
+    if cfg.server_auth == "oauth":
+        app, public_url = oauth_http_app(server, cfg, host)
+        if host not in LOOPBACK_HOSTS:
+            logger.warning("OAuth server bound to %s: clients reaching it there bypass the tunnel's https", host)
+        logger.info(
+            "serving MCP with OAuth at http://%s:%d for %s; connector URL: %s%s", host, port, public_url, public_url, MCP_PATH
+        )
+        # proxy_headers off: nothing is built from X-Forwarded-*, and every tunnel connects from loopback anyway.
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", proxy_headers=False)
+        uvicorn.Server(config).run()
+        return
     found = configured_token(cfg)
     check_bind(host, found[0] if found else None)
     assert found is not None

@@ -511,6 +511,7 @@ input[type=password], input[type=text] {{ width: 100%; box-sizing: border-box; f
   border: 1px solid #999; border-radius: 8px; }}
 .scope {{ display: flex; gap: 12px; align-items: flex-start; margin: 12px 0; font-weight: normal; }}
 .scope input {{ width: 24px; height: 24px; flex: none; }}
+button, input {{ font-family: inherit; }}
 button {{ width: 100%; font-size: 1.1em; padding: 14px; margin-top: 16px; border: 0; border-radius: 8px;
   background: #1f5fbf; color: #fff; }}
 button.deny {{ background: #ddd; color: #222; }}
@@ -525,6 +526,7 @@ LOGIN = """<p>Sign in to let <b>{client}</b> use your notes.</p>
 {error}<form method="post" action="{action}">
 <input type="hidden" name="req" value="{req}">
 <input type="hidden" name="csrf" value="{csrf}">
+<input type="text" name="username" value="owner" autocomplete="username" hidden>
 <label for="passphrase">Passphrase</label>
 <input type="password" id="passphrase" name="passphrase" autocomplete="current-password" required autofocus>
 <label for="code">6-digit code from your authenticator app</label>

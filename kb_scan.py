@@ -407,10 +407,15 @@ def _resolve_on_disk(cfg: Config, parts: tuple[str, ...], norm: str, shown: str,
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise PathOutsideVaultError(f"'{norm}' is {_file_kind(mode)}, not a regular file; only regular files are notes")
     if must_exist and not (mode is not None and stat.S_ISREG(mode)):
-        raise PathOutsideVaultError(
-            f"note '{norm}' does not exist in the vault {vault}; use list_notes or search to find the path"
-        )
+        raise missing_note_error(cfg, norm)
     return target, norm
+
+
+def missing_note_error(cfg: Config, norm: str) -> PathOutsideVaultError:
+    """What reading a note that is not there raises (also a private note, to a client that must not see it)."""
+    return PathOutsideVaultError(
+        f"note '{norm}' does not exist in the vault {cfg.kb_dir}; use list_notes or search to find the path"
+    )
 
 
 def _shown_path(rel: str) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 from kb_background import Background, chance_z
 from kb_config import SEARCH_MODES, KBError, ModelUnavailableError
 from kb_engine import Engine
-from kb_filter import NoteFilter
+from kb_filter import NoteFilter, PrivateNotes
 from kb_links import Link, split_query_links
 from kb_state import ChunkRecord
 from kb_text import CJK_CHARS, cjk_share
@@ -323,12 +323,15 @@ class Searcher:
         where: dict[str, Any] | None = None,
         date_from: str | None = None,
         date_to: str | None = None,
+        private: PrivateNotes | None = None,
     ) -> SearchResult:
         """Search the index (the caller syncs first). Raises KBError for bad arguments or an unusable mode.
 
         `alternatives`: the client's other strings for the same question (a translation, keywords, a likely name), run
         with the query and fused; they help find notes but never make an off-topic question relevant on their own.
         `where` filters by note properties, `date_from`/`date_to` by note date (kb_graph: a journal's own date first).
+        `private`: the notes this caller must not see (a remote client without notes:private), in no list, snippet or
+        translation.
         """
         t0 = time.perf_counter()
         query = (query or "").strip()
@@ -342,13 +345,13 @@ class Searcher:
         view = self.view
         notes: list[str] = []
         keys = view.property_keys() if where else ()
-        flt = NoteFilter.of(path_prefix, tag, modified_within_days, where, date_from, date_to, keys)
+        flt = NoteFilter.of(path_prefix, tag, modified_within_days, where, date_from, date_to, keys, private)
         wanted = flt.accepts if flt.active else None
         accept = view.chunk_filter(wanted)
         n = max(self.cfg.candidates, top_k * 4)
 
         text, links = split_query_links(query)
-        linked = self._resolve_query_links(links, notes) if links else []
+        linked = self._resolve_query_links(links, notes, private) if links else []
         text = text.strip() or query
         probes = self._probes(text, alternatives)
         query_probe = probes[0]
@@ -415,6 +418,11 @@ class Searcher:
         pairs: dict[str, str] = {}
         if mode == "hybrid" and fused:
             fused, pairs = self._with_translations(fused, lists, query_probe.cjk, {*exact, *linked}, top_k + TAIL_NOTES)
+            if private is not None:  # a translation the search brought in is a note like any other
+                visible = NoteFilter(private=private).accepts
+                fused = view.present(fused, view.chunk_filter(visible))
+                records = view.records({*pairs, *pairs.values()})
+                pairs = {a: b for a, b in pairs.items() if visible(a, records.get(a)) and visible(b, records.get(b))}
         hits, more = self._collect(fused, found, top_k, kw_rank, mean_cos, pairs, found_by, probes)
         return SearchResult(
             query,
@@ -454,12 +462,15 @@ class Searcher:
             return fused, {}
         return self._background.translations(fused, model.part.model, query_cjk, head, named)
 
-    def _resolve_query_links(self, links: Sequence[Link], notes: list[str]) -> list[str]:
-        """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes."""
+    def _resolve_query_links(self, links: Sequence[Link], notes: list[str], private: PrivateNotes | None) -> list[str]:
+        """The notes a query's [[links]] name (as a note's own links resolve), each said in the reply's notes; a note
+        `private` covers is named by none."""
         resolver = self.view.resolver()
         paths: list[str] = []
         for link in links:
             path = resolver.resolve(link.target).path
+            if path is not None and private is not None and private.covers(path, self.view.record(path)):
+                path = None
             if path is None:
                 notes.append(f"[[{link.target}]] names no note in this vault; its words were searched as text")
             elif path not in paths:

@@ -1,8 +1,11 @@
 """The tools' logic: search, append, read_note, list_notes, related_notes and index_status over the live index, each
 returning the text the model reads and the same as structured content, within the response budget.
 
-The transport (mcp_server: stdio or HTTP) only declares the tools and dispatches to KnowledgeBase.
-Imports: kb_config, kb_live; lazily: kb_chunk, kb_filter, kb_graph, kb_links, kb_scan, kb_search, kb_state, kb_text, kb_vectors, kb_write.
+The transport (mcp_server: stdio or HTTP) only declares the tools and dispatches to KnowledgeBase. `private`, where a
+tool takes it, is what a remote client without the notes:private scope must not see (None: the owner sees every note):
+a private note is in no reply, and reading one answers as a missing note does.
+Imports: kb_config, kb_live; lazily: kb_chunk, kb_filter, kb_frontmatter, kb_graph, kb_links, kb_scan, kb_search, kb_state,
+kb_text, kb_vectors, kb_write.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from kb_config import Config, KBError
 from kb_live import SYNC_WAIT_S, LiveIndex
 
 if TYPE_CHECKING:
+    from kb_filter import PrivateNotes
     from kb_search import SearchResult
     from kb_vectors import Embedder
 
@@ -105,6 +109,7 @@ class KnowledgeBase:
         where: dict[str, Any] | None = None,
         date_from: str | None = None,
         date_to: str | None = None,
+        private: PrivateNotes | None = None,
     ) -> tuple[str, dict]:
         from kb_scan import modified_cutoff
 
@@ -123,14 +128,19 @@ class KnowledgeBase:
             where=where,
             date_from=date_from,
             date_to=date_to,
+            private=private,
         )
         notes += result.notes
         return format_search(result, notes, self.cfg.max_response_chars)
 
-    def append(self, path: str, content: str, heading: str | None, create_heading: bool) -> tuple[str, dict]:
+    def append(
+        self, path: str, content: str, heading: str | None, create_heading: bool, private: PrivateNotes | None = None
+    ) -> tuple[str, dict]:
         from kb_write import append_to_note
 
         self.live.ready_engine()
+        if private is not None:
+            self._refuse_private_append(path, private)
         result = append_to_note(self.cfg, path, content, heading, create_heading)
         indexed = "and indexed"
         try:
@@ -154,8 +164,25 @@ class KnowledgeBase:
             )
         return text, asdict(result)
 
-    def _expand_embeds(self, norm: str) -> str:
-        """The note with its ![[embeds]] replaced by the embedded notes or sections (depth-limited, cycle-safe)."""
+    def _refuse_private_append(self, path: str, private: PrivateNotes) -> None:
+        """Refuse an append to a private note (by its path, or its properties) as to a note that is not there."""
+        from kb_config import WriteRefusedError
+        from kb_scan import read_note_bytes, resolve_inside
+        from kb_state import decode_note
+
+        full, norm = resolve_inside(self.cfg, path, must_exist=False)
+        try:
+            text = decode_note(read_note_bytes(full, self.cfg.max_file_bytes))[0]
+        except (OSError, ValueError):
+            text = ""  # a note not there yet: private by its path only
+        if self._is_private(private, norm, text):
+            raise WriteRefusedError(
+                f"note '{norm}' does not exist and this client may not create it; append to an existing allowed note"
+            )
+
+    def _expand_embeds(self, norm: str, private: PrivateNotes | None = None) -> str:
+        """The note with its ![[embeds]] replaced by the embedded notes or sections (depth-limited, cycle-safe); an
+        embedded note `private` covers stays an unexpanded embed, as a missing one does."""
         from kb_links import expand_embeds
         from kb_scan import read_note_bytes, resolve_inside
         from kb_state import decode_note
@@ -165,15 +192,31 @@ class KnowledgeBase:
 
         def read(rel: str) -> str | None:
             try:
-                full, _ = resolve_inside(self.cfg, rel)
-                return decode_note(read_note_bytes(full, self.cfg.max_file_bytes))[0]
+                full, norm_rel = resolve_inside(self.cfg, rel)
+                text = decode_note(read_note_bytes(full, self.cfg.max_file_bytes))[0]
             except (KBError, OSError, ValueError):
                 return None
+            return None if self._is_private(private, norm_rel, text) else text
 
         return expand_embeds(norm, read, resolver)
 
-    def read_note(self, path: str, heading: str | None, start_line: int, expand: bool = False) -> tuple[str, dict]:
-        from kb_scan import read_note_bytes, resolve_inside
+    def _is_private(self, private: PrivateNotes | None, norm: str, text: str) -> bool:
+        """Whether `private` covers the note at `norm` holding `text`: by its path, its indexed properties, or the
+        frontmatter it has now (a note made private a moment ago, not indexed yet)."""
+        if private is None:
+            return False
+        from kb_frontmatter import frontmatter_properties, parse_frontmatter
+        from kb_state import FileRecord
+
+        engine = self.live.engine  # read_note made it ready
+        if private.covers(norm, engine.view.record(norm) if engine is not None else None):
+            return True
+        return private.covers(norm, FileRecord(0, 0, "", properties=frontmatter_properties(parse_frontmatter(text)[0])))
+
+    def read_note(
+        self, path: str, heading: str | None, start_line: int, expand: bool = False, private: PrivateNotes | None = None
+    ) -> tuple[str, dict]:
+        from kb_scan import missing_note_error, read_note_bytes, resolve_inside
         from kb_state import decode_note
         from kb_text import split_lines
 
@@ -184,9 +227,11 @@ class KnowledgeBase:
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise KBError(f"cannot read '{norm}': {reason}; check the note with index_status (skipped files)") from e
+        if self._is_private(private, norm, text):
+            raise missing_note_error(self.cfg, norm)  # answered exactly as a note that is not there
         expanded = ""
         if expand:
-            text, expanded = self._expand_embeds(norm), " (embeds expanded: line numbers count the expanded text)"
+            text, expanded = self._expand_embeds(norm, private), " (embeds expanded: line numbers count the expanded text)"
         lines = split_lines(text)  # as chunk line numbers count them, so cited lines match (CR-only notes too)
         if len(lines) > 1 and lines[-1] == "":
             lines.pop()  # the final newline ends the last line; it does not start an empty one
@@ -249,6 +294,7 @@ class KnowledgeBase:
         date_from: str | None = None,
         date_to: str | None = None,
         sort: str = "modified",
+        private: PrivateNotes | None = None,
     ) -> tuple[str, dict]:
         from kb_filter import NoteFilter, note_day
         from kb_scan import modified_cutoff
@@ -256,7 +302,7 @@ class KnowledgeBase:
         modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
         self.live.ensure_fresh()
         view = self.live.engine.view
-        flt = NoteFilter.of(path_prefix, None, modified_within_days, where, date_from, date_to, view.property_keys())
+        flt = NoteFilter.of(path_prefix, None, modified_within_days, where, date_from, date_to, view.property_keys(), private)
         rows = view.select(flt.accepts)
         prefix, since, props, first, last = flt.folder, flt.since, flt.where, flt.date_from, flt.date_to
         if sort == "date":
@@ -288,13 +334,15 @@ class KnowledgeBase:
             head += f"; showing {len(items)} (narrow with path_prefix, where or dates for the rest)"
         return head + ":\n" + "\n".join(lines), {"total": len(rows), "notes": items, "truncated": len(items) < len(rows)}
 
-    def related(self, path: str, limit: int) -> tuple[str, dict]:
+    def related(self, path: str, limit: int, private: PrivateNotes | None = None) -> tuple[str, dict]:
         from kb_graph import related_notes
-        from kb_scan import resolve_inside
+        from kb_scan import missing_note_error, resolve_inside
 
         _, norm = resolve_inside(self.cfg, path)
         self.live.ensure_fresh()
-        rel = related_notes(self.live.engine, norm, limit)
+        if private is not None and private.covers(norm, self.live.engine.view.record(norm)):
+            raise missing_note_error(self.cfg, norm)  # answered exactly as a note that is not there
+        rel = related_notes(self.live.engine, norm, limit, private)
         sections = [
             ("links from this note", [f"{h.path} (line {h.line}: {h.context})" for h in rel.outgoing[:limit]]),
             ("backlinks (notes linking here)", [f"{h.path}:{h.line} {h.context}" for h in rel.backlinks[:limit]]),
@@ -327,8 +375,10 @@ class KnowledgeBase:
         }
         return "\n".join(parts), data
 
-    def status(self) -> tuple[str, dict]:
+    def status(self, private: PrivateNotes | None = None) -> tuple[str, dict]:
         self.live.ensure_fresh()
+        if private is not None:
+            return self._visible_status(private)
         engine = self.live.ready_engine()
         rep = engine.last_report
         engine.load_vectors()  # a server may not have them yet (the first answer needs the keyword view only)
@@ -379,6 +429,36 @@ class KnowledgeBase:
                     f"  ... and {rest} more, cut to fit the response budget; list_notes (with a path_prefix) marks "
                     "every skipped note with its reason"
                 )
+        return "\n".join(lines), info
+
+    def _visible_status(self, private: PrivateNotes) -> tuple[str, dict]:
+        """index_status for a client that must not see private notes: counts over the notes it sees, without the
+        index's internals that count every note (coverage, pending vectors, the last sync's counts, skipped files)."""
+        from kb_filter import NoteFilter
+
+        engine = self.live.ready_engine()
+        visible = NoteFilter(private=private).accepts
+        rows = engine.view.select(visible)
+        tops: dict[str, int] = {}
+        for p, _ in rows:
+            top = p.split("/", 1)[0] if "/" in p else "(top level)"
+            tops[top] = tops.get(top, 0) + 1
+        profile = dict(engine.vault_profile())
+        profile["folders"] = dict(sorted(tops.items(), key=lambda kv: (-kv[1], kv[0]))[: len(profile.get("folders") or {})])
+        info = {
+            "notes": len(rows),
+            "chunks": sum(len(r.chunks) for _, r in rows),
+            "model": engine.embedder.name,
+            "semantic_search": engine.model_error is None,
+            "model_loading": not self.live.model_ready.is_set(),
+            "sync_running": engine.syncing,
+            "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
+            "writable": [w for w in self.cfg.writable if not private.covers(w, None)],
+            "creatable": [c for c in self.cfg.creatable if not private.covers(c, None)],
+            "vault": profile,
+            "private_notes": "hidden: this client was not granted notes:private",
+        }
+        lines = [f"{k}: {v}" for k, v in info.items() if v not in (None, [], {})]
         return "\n".join(lines), info
 
 

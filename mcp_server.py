@@ -7,7 +7,8 @@ server to be had) the MCP SDK's own stdio server answers the client as soon as t
 the engine, jieba and the model load in a background thread, in the order that gets a keyword answer soonest, and
 file events keep the index fresh (kb_live). Logs go to stderr only: in stdio mode stdout is the protocol.
 
-Imports: kb_config; lazily: kb_relay, kb_shared, kb_live, kb_tools, kb_engine, kb_http, kb_scan, kb_search.
+Imports: kb_config; lazily: kb_relay, kb_shared, kb_live, kb_tools, kb_engine, kb_http, kb_authcli, kb_scan,
+kb_search, kb_filter, kb_remote.
 """
 
 import argparse
@@ -77,8 +78,11 @@ def __getattr__(name: str) -> Any:
 # ---- the MCP server -------------------------------------------------------------------------------------------
 
 
-def build_server(kb: "KnowledgeBase") -> Any:
+def build_server(kb: "KnowledgeBase", audit: Any = None, client_name: Any = None) -> Any:
     """The MCPServer with its six tools; every failure becomes a tool error the model can read.
+
+    Over HTTP, `audit` (kb_audit.AuditLog) gets one line per tool call, naming the OAuth client by `client_name`
+    (client id -> its registered name). An OAuth client's call runs with what its scopes grant (kb_remote.Access).
 
     The SDK is imported here, not at module level, so `--search` and `--help` never pay for it. The knowledge base
     starts from the server's lifespan, i.e. once the SDK's stdio transport owns stdout (a stray print from any
@@ -90,19 +94,23 @@ def build_server(kb: "KnowledgeBase") -> Any:
     # cyclic collector walked them again and again as they were made (a cold session's `initialize` on tldr: 0.86 s
     # with it running, 0.71 s paused).
     with collector_paused():
-        return _server_with_tools(kb)
+        return _server_with_tools(kb, audit, client_name)
 
 
-def _server_with_tools(kb: "KnowledgeBase") -> Any:
+def _server_with_tools(kb: "KnowledgeBase", audit: Any, client_name: Any) -> Any:
     """build_server's work. (No `from __future__ import annotations` in this module, so the tool annotations below
     resolve to these names.)"""
+    import functools
     import inspect
 
+    from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import CallToolResult, TextContent, ToolAnnotations
     from pydantic import Field
 
+    from kb_filter import PrivateNotes
+    from kb_remote import SCOPE_APPEND, SCOPE_READ, access_of, redact_reply, reply_paths
     from kb_scan import MAX_MODIFIED_WITHIN_DAYS
     from kb_search import MAX_ALTERNATIVE_CHARS, MAX_ALTERNATIVES, TAIL_NOTES
     from kb_tools import fit
@@ -114,10 +122,20 @@ def _server_with_tools(kb: "KnowledgeBase") -> Any:
 
     server = MCPServer(name=kb.cfg.server_name, instructions=INSTRUCTIONS, log_level=kb.cfg.log_level, lifespan=lifespan)
     budget = kb.cfg.max_response_chars
+    private = PrivateNotes.of(kb.cfg.private_paths)
 
-    def run(fn: Any, *args: Any) -> CallToolResult:
+    def run(fn: Any, *args: Any, scope: str = SCOPE_READ) -> CallToolResult:
+        token = get_access_token()  # None on stdio, a shared server's sessions and the static token: the owner
+        access = access_of(token.client_id if token else None, token.scopes if token else None, private, kb.cfg.redact)
+        if not access.allows(scope):
+            raise ToolError(
+                f"this client was not granted {scope}; the vault's owner can grant it when the client signs in again "
+                "(remove and add the connector)"
+            )
         try:
-            text, data = fn(*args)
+            text, data = fn(*args, private=access.private)
+            if access.redact:
+                text, data = redact_reply(text, data)
         except KBError as e:
             raise ToolError(fit(str(e), budget)) from e
         except OSError as e:  # a path the operating system refuses (too long, no permission): the model can fix it
@@ -127,10 +145,38 @@ def _server_with_tools(kb: "KnowledgeBase") -> Any:
             raise ToolError(f"internal error ({type(e).__name__}: {e}); the server keeps running, see its log") from e
         return CallToolResult(content=[TextContent(type="text", text=fit(text, budget))], structured_content=data)
 
+    def audited(fn: Any) -> Any:
+        """`fn` leaving one audit line per call (tool, arguments, outcome, time, the note paths it returned)."""
+        if audit is None:
+            return fn
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            token = get_access_token()
+            client = token.client_id if token else None
+            name = client_name(client) if client and client_name else None
+            t0 = time.perf_counter()
+            ok, error, paths = False, None, []
+            try:
+                result = fn(*args, **kwargs)
+                ok, paths = not result.is_error, reply_paths(result.structured_content)
+                return result
+            except Exception as e:
+                error = str(e)
+                raise
+            finally:
+                ms = (time.perf_counter() - t0) * 1000
+                audit.record_tool(
+                    transport="http", client_id=client, client_name=name, tool=fn.__name__, arguments=kwargs,
+                    ok=ok, ms=ms, paths=paths, error=error,
+                )  # fmt: skip
+
+        return call
+
     def tool(**kw: Any) -> Any:
         """server.tool with the function's docstring, less its indentation, as the description: the client's model
         reads every character of it on every turn."""
-        return lambda fn: server.tool(description=inspect.cleandoc(fn.__doc__ or ""), **kw)(fn)
+        return lambda fn: server.tool(description=inspect.cleandoc(fn.__doc__ or ""), **kw)(audited(fn))
 
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     where_field = Field(
@@ -213,7 +259,7 @@ def _server_with_tools(kb: "KnowledgeBase") -> Any:
         """Append text to one of the user's notes when they ask to remember, note or save something ("记一下",
         "remember this", "add to my notes"). Append-only: never edits or deletes existing text. Only whitelisted notes
         (default: inbox.md); other paths are refused with the reason. The text is searchable right after."""
-        return run(kb.append, path, content, heading, create_heading)
+        return run(kb.append, path, content, heading, create_heading, scope=SCOPE_APPEND)
 
     @tool(annotations=read_only)
     def read_note(
@@ -403,21 +449,26 @@ def stop_shared() -> int:
 
 
 def serve_http_transport(cfg: Config, host: str, port: int) -> int:
-    """Serve MCP over streamable HTTP (several sessions, one index) until interrupted; refuses without a token."""
-    from kb_http import check_bind, configured_token, serve_http
+    """Serve MCP over streamable HTTP (several sessions, one index) until interrupted; refuses without a token, or with
+    server.auth: oauth before `auth init` or without an https server.public_url."""
+    from kb_http import check_bind, check_oauth, client_names, configured_token, open_audit, serve_http
     from kb_live import use_one_malloc_arena
     from kb_tools import KnowledgeBase
 
-    try:
-        found = configured_token(cfg)
-        check_bind(host, found[0] if found else None)
+    try:  # checked before the index and the model load, so a refusal is said at once
+        if cfg.server_auth == "oauth":
+            check_oauth(cfg)
+        else:
+            found = configured_token(cfg)
+            check_bind(host, found[0] if found else None)
     except KBError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
     kb.serving = lambda: {"mode": "http", "pid": os.getpid()}
-    server = build_server(kb)
+    oauth = cfg.server_auth == "oauth"  # the audit log has a line per tool call of an OAuth client; token mode keeps none
+    server = build_server(kb, open_audit(cfg) if oauth else None, client_names(cfg) if oauth else None)
     kb.start()  # index and model load now, not at the first session
     try:
         serve_http(server, cfg, host, port)
@@ -480,6 +531,22 @@ def self_test(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "auth" in argv:  # `auth ...` (kb_authcli) before the server's parser; the common flags may sit on either side
+        common = argparse.ArgumentParser(prog="mcp_server.py", add_help=False, allow_abbrev=False)
+        add_common_args(common)
+        known, rest = common.parse_known_args(argv)
+        if rest[:1] == ["auth"]:
+            import kb_authcli
+
+            kb_authcli.build_parser().parse_args(rest[1:])  # --help and usage errors before a first run's config.yaml is made
+            setup_logging(known.verbose, known.quiet, default="WARNING")
+            try:
+                cfg = load_cli_config(known)
+            except KBError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            return kb_authcli.main(rest[1:], cfg)
     parser = argparse.ArgumentParser(
         prog="mcp_server.py",
         description="second-brain-mcp: serve your Markdown notes to MCP clients over stdio (default) or streamable "
@@ -489,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         "  python mcp_server.py --stop-shared            # stop the shared server (it also exits when idle)\n"
         '  python mcp_server.py --search "backup timer"  # self-test: sync + search, hits on stdout\n'
         "  python mcp_server.py --print-token             # create the token HTTP clients send\n"
-        "  python mcp_server.py --transport http --port 8765   # http://127.0.0.1:8765/mcp",
+        "  python mcp_server.py --transport http --port 8765   # http://127.0.0.1:8765/mcp\n"
+        "  python mcp_server.py auth init             # OAuth for claude.ai and phones (see: auth --help)",
     )
     add_common_args(parser)
     parser.add_argument("--search", metavar="QUERY", help="run one search (same sync + search as the tool) and exit")

@@ -44,6 +44,7 @@ def test_load_config_uses_defaults_when_only_kb_dir_is_given(vault: Path) -> Non
     assert cfg.kb_dir == vault.resolve()
     assert (cfg.chunk_tokens, cfg.top_k, cfg.search_mode, cfg.extensions) == (200, 4, "hybrid", (".md",))
     assert cfg.writable == ("inbox.md",)
+    assert (cfg.server_auth, cfg.public_url, cfg.private_paths, cfg.redact) == ("token", "", (), "remote")
     assert cfg.source == "defaults"
 
 
@@ -203,6 +204,9 @@ def test_load_config_rejects_a_missing_config_file_naming_where_it_came_from(
         ("KB_SEARCH_MODE", "keyword", "search_mode", "keyword"),
         ("KB_LOG_LEVEL", "DEBUG", "log_level", "DEBUG"),
         ("KB_EMBED_MODEL", "my-model", "embed_model", "my-model"),
+        ("KB_SERVER_AUTH", "oauth", "server_auth", "oauth"),
+        ("KB_SERVER_PUBLIC_URL", "https://notes.example.com", "public_url", "https://notes.example.com"),
+        ("KB_SERVER_REDACT", "never", "redact", "never"),
     ],
 )
 def test_load_config_coerces_env_values_to_the_key_type(vault: Path, var: str, raw: str, attr: str, expected: object) -> None:
@@ -221,6 +225,13 @@ def test_load_config_coerces_env_values_to_the_key_type(vault: Path, var: str, r
         ("KB_GATE_MARGIN", "high", "search.gate_margin must be float (got 'high' from KB_GATE_MARGIN)"),
         ("KB_CHUNK_TOKENS", "-5", "chunking.chunk_tokens must be >= 32 (got -5 from KB_CHUNK_TOKENS)"),
         ("KB_SEARCH_MODE", "fuzzy", "search.mode must be one of hybrid, keyword, semantic (got 'fuzzy' from KB_SEARCH_MODE)"),
+        ("KB_SERVER_AUTH", "oath", "server.auth must be one of token, oauth (got 'oath' from KB_SERVER_AUTH)"),
+        (
+            "KB_SERVER_REDACT",
+            "sometimes",
+            "server.redact must be one of remote, always, never (got 'sometimes' from KB_SERVER_REDACT)",
+        ),
+        ("KB_SERVER_PUBLIC_URL", "notes.example.com", "server.public_url must be an origin like https://notes.example.com"),
     ],
 )
 def test_load_config_rejects_bad_env_value_naming_the_variable(vault: Path, var: str, raw: str, expected: str) -> None:
@@ -250,6 +261,9 @@ def test_load_config_rejects_bad_env_value_naming_the_variable(vault: Path, var:
         ("embedding:\n  model: null\n", "embedding.model must be str (got None from c.yaml)"),
         ("chunking:\n  chunk_size: 300\n", "unknown key 'chunking.chunk_size' in c.yaml"),
         ("kb_dri: /x\n", "unknown key 'kb_dri' in c.yaml"),
+        ("server:\n  public_url: https://notes.example.com/mcp\n", "server.public_url must be an origin like"),
+        ("server:\n  private_paths: Private/**\n", "server.private_paths must be list (got 'Private/**' from c.yaml)"),
+        ("server:\n  private_paths: ['']\n", "server.private_paths must be a list of non-empty strings"),
     ],
 )
 def test_load_config_rejects_invalid_file_value_naming_the_file(
