@@ -10,7 +10,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import uvicorn
 from kb_fixtures import make_config, write_note
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from test_oauth import PASSPHRASE
 
 import kb_authstore
 import mcp_server
@@ -68,8 +69,10 @@ def _free_port() -> int:
 
 
 class Served:
-    def __init__(self, url: str, store: AuthStore, audit: AuditLog, kb: KnowledgeBase) -> None:
-        self.url, self.store, self.audit, self.kb = url, store, audit, kb
+    """The running server: its /mcp URL, auth store, audit log, knowledge base and the owner's TOTP secret."""
+
+    def __init__(self, url: str, store: AuthStore, audit: AuditLog, kb: KnowledgeBase, secret: str) -> None:
+        self.url, self.store, self.audit, self.kb, self.secret = url, store, audit, kb, secret
 
     def token(self, *scopes: str, name: str = "Claude") -> str:
         """An access token of a newly registered client holding `scopes`."""
@@ -81,13 +84,15 @@ class Served:
 
 
 @contextlib.contextmanager
-def _serve(tmp_path: Path) -> Iterator[Served]:
+def _serve(tmp_path: Path, now: Callable[[], float] = time.time) -> Iterator[Served]:
+    """build_server's real tools behind oauth_app on 127.0.0.1 (uvicorn in a thread); the store's events go to the audit
+    log as kb_http wires them, its clock is `now`."""
     vault = _vault(tmp_path / "vault")
     cfg = replace(make_config(vault, tmp_path / "data"), private_paths=("Private/**",), writable=("inbox.md", "Private/todo.md"))
     kb = KnowledgeBase(cfg, HashEmbedder())
-    store = AuthStore(tmp_path / "auth")
-    store.set_owner("correct horse battery staple")
     audit = AuditLog(tmp_path / "auth", mask=redact)
+    store = AuthStore(tmp_path / "auth", now=now, on_event=lambda event, detail: audit.record_auth(event, **detail))
+    secret = store.set_owner(PASSPHRASE).secret_b32
     names = {}
 
     def client_name(client_id: str) -> str | None:
@@ -108,7 +113,7 @@ def _serve(tmp_path: Path) -> Iterator[Served]:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
     try:
-        yield Served(public + "/mcp", store, audit, kb)
+        yield Served(public + "/mcp", store, audit, kb, secret)
     finally:
         uv.should_exit = True
         thread.join(10)
