@@ -80,6 +80,8 @@ LOOPBACK_ALLOWED_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 LOOPBACK_ALLOWED_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
 # Said for every refused sign-in, never which part was wrong.
 LOGIN_FAILED = "wrong passphrase or code"
+# Said under it: a code already used (a sign-in a moment ago) is refused as a wrong one.
+LOGIN_FAILED_HINT = "Each code works once: after a sign-in, wait for the next code."
 # Said to a refused registrant instead of the store's message, which names a server path.
 REGISTRATION_REFUSED = (
     f"registration refused: the metadata is over {MAX_CLIENT_INFO_CHARS} characters, or this server already holds "
@@ -243,13 +245,6 @@ def _field(form: FormData, name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _origin(url: str) -> str | None:
-    """scheme://host[:port] of a redirect URI, for the CSP; None if it has characters a CSP source cannot hold."""
-    parts = urlsplit(url)
-    origin = f"{parts.scheme}://{parts.netloc}"
-    return origin if all(c.isalnum() or c in ":/.-[]" for c in origin) else None
-
-
 def _offered_scopes(asked: list[str] | None) -> tuple[list[str], set[str]]:
     """(scopes the consent page offers, those pre-ticked): what the client asked for, or all three with read ticked."""
     if not asked:
@@ -319,7 +314,7 @@ class _Pages:
         host, action = html.escape(urlsplit(redirect_uri).netloc), html.escape(self.public_url + CONSENT_PATH)
         client = await self._client_name(parked)
         body = CONSENT.format(client=client, host=host, action=action, req=html.escape(req), csrf=csrf, boxes=boxes)
-        response = self._page("Allow access?", body, form_origin=_origin(redirect_uri))
+        response = self._page("Allow access?", body, redirects_out=True)
         self._set_cookie(response, self.csrf_cookie, csrf)
         return response
 
@@ -370,7 +365,10 @@ class _Pages:
         return html.escape((client.client_name if client else None) or parked.client_id)
 
     async def _login_page(self, req: str, parked: _Parked, csrf: str, error: str = "", status: int = 200) -> Response:
-        action, error = html.escape(self.public_url + LOGIN_PATH), ERROR.format(message=html.escape(error)) if error else ""
+        action = html.escape(self.public_url + LOGIN_PATH)
+        if error:
+            hint = f'<p class="hint">{html.escape(LOGIN_FAILED_HINT)}</p>\n' if error == LOGIN_FAILED else ""
+            error = ERROR.format(message=html.escape(error)) + hint
         body = LOGIN.format(
             client=await self._client_name(parked), action=action, req=html.escape(req), csrf=html.escape(csrf), error=error
         )
@@ -381,9 +379,11 @@ class _Pages:
     def _set_cookie(self, response: Response, name: str, value: str) -> None:
         response.set_cookie(name, value, max_age=PARKED_TTL_S, path="/", secure=self.secure, httponly=True, samesite="lax")
 
-    def _headers(self, form_origin: str | None = None) -> dict[str, str]:
-        # Chrome applies form-action to the redirect after a form POST: consent must allow the client's origin.
-        csp = CSP.format(form_action="'self'" + (f" {form_origin}" if form_origin else ""))
+    def _headers(self, redirects_out: bool = False) -> dict[str, str]:
+        # Browsers apply form-action to every redirect after a form POST, and claude.ai's callback redirects on to the
+        # Claude apps' own claude:// scheme (fastmcp dropped form-action from its consent page for this, PR #3372): the
+        # consent form, whose answer leaves for the client, has none; its inputs are escaped and CSRF-checked.
+        csp = CSP.format(form_action="" if redirects_out else " form-action 'self';")
         return {
             "Cache-Control": "no-store",
             "Content-Security-Policy": csp,
@@ -392,10 +392,8 @@ class _Pages:
             "X-Content-Type-Options": "nosniff",
         }
 
-    def _page(
-        self, title: str, body: str, status: int = 200, extra: dict | None = None, form_origin: str | None = None
-    ) -> Response:
-        headers = self._headers(form_origin) | (extra or {})
+    def _page(self, title: str, body: str, status: int = 200, extra: dict | None = None, redirects_out: bool = False) -> Response:
+        headers = self._headers(redirects_out) | (extra or {})
         return HTMLResponse(PAGE.format(title=html.escape(title), body=body), status_code=status, headers=headers)
 
 
@@ -496,7 +494,7 @@ def oauth_app(
 
 # --- pages: inline CSS only, no external assets, usable on a 390 px phone ---
 
-CSP = "default-src 'none'; style-src 'unsafe-inline'; form-action {form_action}; frame-ancestors 'none'; base-uri 'none'"
+CSP = "default-src 'none'; style-src 'unsafe-inline';{form_action} frame-ancestors 'none'; base-uri 'none'"
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -516,6 +514,7 @@ button {{ width: 100%; font-size: 1.1em; padding: 14px; margin-top: 16px; border
   background: #1f5fbf; color: #fff; }}
 button.deny {{ background: #ddd; color: #222; }}
 .error {{ background: #fde8e8; color: #8a1c1c; padding: 10px; border-radius: 8px; }}
+.hint {{ color: #555; font-size: 0.9em; }}
 </style></head>
 <body><main><h1>{title}</h1>
 {body}

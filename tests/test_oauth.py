@@ -43,7 +43,7 @@ INIT = {
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 # Never listened on: the test browser reads the code from the Location header instead of following it.
 REDIRECT_URI = "http://127.0.0.1:9/callback"
-EXPECTED_CSP_PREFIX = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+EXPECTED_CSP_PREFIX = "default-src 'none'; style-src 'unsafe-inline';"
 
 
 class Clock:
@@ -316,8 +316,11 @@ def _stored_client(served: Served, client_id: str) -> str:
     return client_id
 
 
-def _security_headers_ok(r: httpx2.Response, form_origin: str = "") -> None:
-    csp = f"{EXPECTED_CSP_PREFIX}{form_origin}; frame-ancestors 'none'; base-uri 'none'"
+def _security_headers_ok(r: httpx2.Response, consent: bool = False) -> None:
+    """The pages' headers; the consent page has no form-action (its answer leaves for the client, whose own callback
+    may redirect on to an app's scheme: claude:// for the Claude apps)."""
+    form_action = "" if consent else " form-action 'self';"
+    csp = f"{EXPECTED_CSP_PREFIX}{form_action} frame-ancestors 'none'; base-uri 'none'"
     assert r.headers["content-security-policy"] == csp
     assert r.headers["cache-control"] == "no-store"
     assert r.headers["x-frame-options"] == "DENY"
@@ -754,7 +757,7 @@ def test_pages_carry_the_security_headers(served):
             login_cookie = [c for c in r.headers.get_list("set-cookie") if c.startswith("kb_login=")]
             assert login_cookie and "HttpOnly" in login_cookie[0] and "samesite=lax" in login_cookie[0].lower()
             consent = await http.get(r.headers["location"])
-            _security_headers_ok(consent, form_origin=" http://127.0.0.1:9")  # the client's redirect origin
+            _security_headers_ok(consent, consent=True)
             assert "raw client" in consent.text and "127.0.0.1:9" in consent.text
             assert _Form(consent.text).boxes == list(SCOPES)
             _security_headers_ok(await http.get(served.local + "/login?req=unknown"))

@@ -299,8 +299,8 @@ def test_pages_sign_in_and_consent_in_a_phone_sized_browser(tmp_path, phone):
         if shots:
             phone.screenshot(shots / "oauth-consent.png")
 
-        # Tick notes:append by tapping its row, then Allow: chromium follows the 302 to the client (CSP form-action
-        # must allow the client's origin for that) with the code, the state and the issuer.
+        # Tick notes:append by tapping its row, then Allow: chromium follows the 302 to the client (no CSP form-action
+        # on the consent page may stop that redirect) with the code, the state and the issuer.
         phone.tap("label.scope:has(input[value='notes:append'])")
         assert phone.evaluate("document.querySelector('input[value=\"notes:append\"]').checked")
         back = phone.load(lambda: phone.tap("button[value=allow]"))
