@@ -19,7 +19,7 @@ from typing import Any
 
 from kb_audit import AuditLog
 from kb_authstore import AuthStore
-from kb_config import Config, ConfigError
+from kb_config import CONFIG_FILE_NAME, DEFAULT_CONFIG_FILE, Config, ConfigError
 from kb_files import atomic_write_text
 from kb_redact import redact
 
@@ -170,9 +170,11 @@ def check_oauth(cfg: Config) -> str:
     public_url = check_public_url(cfg.public_url)
     store = open_auth_store(cfg)
     if not store.is_initialised():
+        default = cfg.source in ("defaults", str(DEFAULT_CONFIG_FILE), str(Path.cwd() / CONFIG_FILE_NAME))
+        config = "" if default else f" --config {cfg.source}"
         raise ConfigError(
             f"server.auth is oauth but no owner passphrase is set for this vault (in {store.folder}); "
-            f"run `{AUTH_INIT_COMMAND}` first"
+            f"run `{AUTH_INIT_COMMAND}{config}` first"
         )
     return public_url
 

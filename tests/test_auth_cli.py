@@ -286,7 +286,7 @@ def test_oauth_server_refuses_to_start_before_auth_init(tmp_path: Path) -> None:
     done = _serve(config, _free_port())
 
     assert done.returncode == 1
-    assert "python mcp_server.py auth init" in done.stderr
+    assert f"python mcp_server.py auth init --config {config}" in done.stderr  # the config it was started with
 
 
 @pytest.mark.parametrize(
