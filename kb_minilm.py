@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 without torch: the bundled sentence-transformers model's BERT forward pass.
 
 The encoder layers run as an int8 onnxruntime graph built here from the same weights (kb_kernels: ~2x faster in
-batches, a query in ~1.5 ms against ~10, GIL-free; vectors at cosine ~0.994 to the float ones, so they are stored as
+batches, a query in ~1.5 ms against ~10, GIL-free; vectors at cosine ~0.998 to the float ones, stored as
 the model's revision 1) where onnxruntime is installed, else in float32 numpy (sentence-transformers' vectors to
 ~1e-6). Owns MiniLMEmbedder (the kb_vectors embedder protocol) and the safetensors reader; the tokenizers and
 threadpoolctl packages are imported where they are used. Imports: kb_config, kb_files, kb_kernels.

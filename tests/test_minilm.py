@@ -42,9 +42,10 @@ LENGTH_MIX = ((0.80, 1, 16), (0.12, 16, 60), (0.04, 60, 150), (0.04, 300, 420))
 CJK_CHARS_PER_WORD = 2
 # Every cosine to the sentence-transformers vector must reach this.
 MIN_COSINE = 0.9999
-# The int8 kernel's vectors to the float ones, each (measured: 0.979 the lowest of 256 dev questions, 0.982 of 240
-# hello-algo chunks; a miswired graph gives ~0.1-0.5).
-MIN_INT8_COSINE = 0.97
+# The int8 kernel's vectors to the float ones, each and on average (measured: 0.984 the lowest of this test's texts,
+# for "?"; 0.988 of 256 dev questions; 0.996 of 240 hello-algo chunks; mean 0.996-0.998. Quantizing each product's
+# input over the whole tensor gave a mean of 0.994; a miswired graph gives ~0.1-0.5).
+MIN_INT8_COSINE, MEAN_INT8_COSINE = 0.98, 0.995
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
 # sentence-transformers' token ids of the N_CHUNKS chunks and vectors of them, of QUERIES and of EDGE_TEXTS, recorded by
@@ -453,7 +454,11 @@ def test_int8_vectors_are_close_to_the_float_ones_on_real_text():
     int8, plain = MiniLMModel(folder, kernel="int8"), MiniLMModel(folder, kernel="numpy")
     ids = plain.tokenize(texts)
     cos = _cosines(int8.encode_ids(ids), plain.encode_ids(ids))
-    assert cos.mean() >= 0.99 and cos.min() >= MIN_INT8_COSINE, (cos.mean(), cos.min(), texts[int(np.argmin(cos))][:80])
+    assert cos.mean() >= MEAN_INT8_COSINE and cos.min() >= MIN_INT8_COSINE, (
+        cos.mean(),
+        cos.min(),
+        texts[int(np.argmin(cos))][:80],
+    )
 
 
 def test_an_int8_vector_does_not_depend_on_the_texts_embedded_beside_it():
