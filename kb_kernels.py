@@ -292,6 +292,9 @@ def open_session(graph: bytes, threads: int) -> Any:
     options.log_severity_level = ORT_LOG_ERRORS
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No second, repacked copy of the int8 weights: 154 MB resident against 167 MB for MiniLM alone, at the same
+    # speed (120 hello-algo chunks one by one: 3.7 s either way).
+    options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
 
