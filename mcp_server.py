@@ -167,8 +167,8 @@ def _server_with_tools(kb: "KnowledgeBase", audit: Any, client_name: Any) -> Any
             finally:
                 ms = (time.perf_counter() - t0) * 1000
                 audit.record_tool(
-                    transport="http", client_id=client, client_name=name, tool=fn.__name__, arguments=kwargs,
-                    ok=ok, ms=ms, paths=paths, error=error,
+                    transport="http" if token else "http-token", client_id=client, client_name=name, tool=fn.__name__,
+                    arguments=kwargs, ok=ok, ms=ms, paths=paths, error=error,
                 )  # fmt: skip
 
         return call
@@ -467,8 +467,8 @@ def serve_http_transport(cfg: Config, host: str, port: int) -> int:
     use_one_malloc_arena()
     kb = KnowledgeBase(cfg)
     kb.serving = lambda: {"mode": "http", "pid": os.getpid()}
-    oauth = cfg.server_auth == "oauth"  # the audit log has a line per tool call of an OAuth client; token mode keeps none
-    server = build_server(kb, open_audit(cfg) if oauth else None, client_names(cfg) if oauth else None)
+    oauth = cfg.server_auth == "oauth"  # every tool call over HTTP has its audit line; OAuth clients by name
+    server = build_server(kb, open_audit(cfg), client_names(cfg) if oauth else None)
     kb.start()  # index and model load now, not at the first session
     try:
         serve_http(server, cfg, host, port)

@@ -229,3 +229,14 @@ def test_claude_code_registers_the_http_server_and_lists_it_connected(served, tm
     listed = claude("mcp", "list")
     line = next(x for x in listed.stdout.splitlines() if x.startswith("sb-http:"))
     assert "Connected" in line, listed.stdout
+
+
+def test_every_tool_call_over_http_with_the_static_token_leaves_an_audit_line(served):
+    """Issue 51: one audit line per tool call over HTTP, the static token's too (transport http-token, no client)."""
+    server, token, tmp = served
+    anyio.run(_session, server.url, token, [("search_my_knowledge_base", {"query": "zebra audit probe", "mode": "keyword"})])
+    done = _cli(tmp / "config.yaml", "auth", "log", "-n", "200", "--json")
+    assert done.returncode == 0, done.stderr
+    probes = [r for r in json.loads(done.stdout) if r.get("kind") == "tool" and "zebra audit probe" in json.dumps(r.get("args"))]
+    assert probes and probes[-1]["transport"] == "http-token" and probes[-1]["client_id"] is None
+    assert token not in done.stdout
