@@ -73,13 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     log.add_argument("--json", action="store_true", help="print the records as a JSON array")
     sub.add_parser("status", help="whether OAuth is set up, and where", description="Say whether OAuth is set up, and where.")
+    sub.add_parser(
+        "unlock",
+        help="lift a sign-in lockout (5 failures in 15 min lock it for 15 min)",
+        description="Lift a sign-in lockout now and forget the failed attempts (you, at this machine).",
+    )
     return parser
 
 
 def main(argv: list[str] | None, cfg: Config) -> int:
     """Run one `auth` command on the vault of `cfg`; 0 on success, 1 on a refusal (message on stderr)."""
     args = build_parser().parse_args(argv)
-    run = {"init": _init, "clients": _clients, "revoke": _revoke, "log": _log, "status": _status}[args.command]
+    run = {"init": _init, "clients": _clients, "revoke": _revoke, "log": _log, "status": _status, "unlock": _unlock}[args.command]
     try:
         return run(args, cfg)
     except KBError as e:
@@ -240,6 +245,12 @@ def _log(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+def _unlock(args: argparse.Namespace, cfg: Config) -> int:
+    store = open_auth_store(cfg, open_audit(cfg), **CLI_CONTEXT)
+    print("sign-in unlocked" if store.unlock_login() else "sign-in was not locked; failed attempts forgotten")
+    return 0
+
+
 def _status(args: argparse.Namespace, cfg: Config) -> int:
     store = open_auth_store(cfg)
     info: dict[str, Any] = {
@@ -249,6 +260,9 @@ def _status(args: argparse.Namespace, cfg: Config) -> int:
         "server.public_url": cfg.public_url or "(unset)",
         "connector URL": cfg.public_url.rstrip("/") + MCP_PATH if cfg.public_url else "(set server.public_url)",
         "clients": len(store.list_clients()),
+        "sign-in": f"locked for {-(-store.login_locked_for() // 60)} more min (`auth unlock` lifts it)"
+        if store.login_locked_for()
+        else "open",
     }
     for key, value in info.items():
         print(f"{key + ':':<19} {value}")

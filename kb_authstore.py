@@ -337,6 +337,20 @@ class AuthStore:
     def _locked_for(self, s: dict[str, Any]) -> int:
         return max(0, math.ceil(s["login"]["locked_until"] - self._now()))
 
+    def login_locked_for(self) -> int:
+        """Seconds the sign-in stays locked (0: open)."""
+        with self._hold() as s:
+            return self._locked_for(s)
+
+    def unlock_login(self) -> bool:
+        """Lift a lockout and forget the failures (the owner, at this machine: `auth unlock`); True if it was locked."""
+        with self._hold() as s:
+            was = self._locked_for(s) > 0
+            s["login"] = {"failures": [], "locked_until": 0}
+            self._save()
+            self._event("login_unlocked", {"was_locked": was})
+        return was
+
     # --- clients ---
 
     def register_client(self, info: dict[str, Any]) -> dict[str, Any]:

@@ -382,3 +382,20 @@ async def _search(url: str, token: str) -> Any:
     async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
         async with Client(streamable_http_client(url, http_client=http)) as client:
             return await client.call_tool("search_my_knowledge_base", {"query": "nightly backup timer", "mode": "keyword"})
+
+
+def test_auth_status_shows_a_lockout_and_auth_unlock_lifts_it(initialised: tuple[Path, str]) -> None:
+    config, secret = initialised
+    store = AuthStore(_folder(config))
+    for _ in range(5):
+        store.check_login("not the passphrase", "000000")
+    assert store.check_login(PASSPHRASE, totp_code(secret, time.time())).locked
+
+    status = _run(config, "auth", "status")
+    assert "locked for 15 more min" in status.stdout and "auth unlock" in status.stdout
+    done = _run(config, "auth", "unlock")
+
+    assert done.returncode == 0 and "sign-in unlocked" in done.stdout
+    assert "sign-in:" in _run(config, "auth", "status").stdout and "open" in _run(config, "auth", "status").stdout
+    assert AuthStore(_folder(config)).check_login(PASSPHRASE, totp_code(secret, time.time() + 30)).ok
+    assert "login_unlocked" in _run(config, "auth", "log").stdout
