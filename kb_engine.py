@@ -262,14 +262,16 @@ class Engine:
         except VectorStoreUnavailableError:
             return 0  # unknown while the Chroma server is away; said in the sync's reasons
 
-    def vault_profile(self, folders: int = 5) -> dict[str, Any]:
+    def vault_profile(self, folders: int = 5, visible: Callable[[str, FileRecord | None], bool] | None = None) -> dict[str, Any]:
         """What the vault holds, for the client to write its search alternatives: languages by share of (a sample
-        of) chunks, and the largest top-level folders by notes. Example: {"languages": {"en": 0.62, "zh": 0.38},
-        "folders": {"pages": 7425, "pages.zh": 1535}}"""
+        of) chunks, and the largest top-level folders by notes; `visible`: of the notes it accepts only. Example:
+        {"languages": {"en": 0.62, "zh": 0.38}, "folders": {"pages": 7425, "pages.zh": 1535}}"""
         with self.mutex:
-            sample = self._language_sample()
+            sample = self._language_sample(visible)
             tops: dict[str, int] = {}
-            for p in self.files:
+            for p, r in self.files.items():
+                if visible is not None and not visible(p, r):
+                    continue
                 top = p.split("/", 1)[0] if "/" in p else "(top level)"
                 tops[top] = tops.get(top, 0) + 1
         zh = sum(1 for t in sample if cjk_share(t) >= CHINESE_CHUNK_SHARE) / len(sample) if sample else 0.0
@@ -277,10 +279,12 @@ class Engine:
         largest = dict(sorted(tops.items(), key=lambda kv: (-kv[1], kv[0]))[:folders])
         return {"languages": languages if sample else {}, "folders": largest}
 
-    def _language_sample(self) -> list[str]:
-        """The texts of at most LANGUAGE_SAMPLE_CHUNKS chunks, evenly spaced over the index (under the mutex)."""
+    def _language_sample(self, visible: Callable[[str, FileRecord | None], bool] | None = None) -> list[str]:
+        """The texts of at most LANGUAGE_SAMPLE_CHUNKS chunks, evenly spaced over the index (of the notes `visible`
+        accepts; under the mutex)."""
         step = max(1, -(-len(self.chunks) // LANGUAGE_SAMPLE_CHUNKS))  # ceiling division: at most the sample size
-        return [c.text for c in itertools.islice(self.chunks.values(), 0, None, step)]
+        chunks = itertools.islice(self.chunks.values(), 0, None, step)
+        return [c.text for c in chunks if visible is None or visible(c.path, self.files.get(c.path))]
 
     def model_warning(self) -> str | None:
         """A warning when the model is English-only and the vault mostly Chinese, naming what to use instead."""

@@ -180,6 +180,12 @@ def minilm_graph(tensors: Mapping[str, np.ndarray], n_layers: int, heads: int, e
         y = g.op("Cast", [y], to=ONNX_TYPES[np.dtype(np.float32)])
         return g.op("Mul", [g.op("Mul", [y, s]), g.const(f"{name}.scale", w_scale.astype(np.float32))])
 
+    def add_norm(y: str, skip: str, name: str, prefix: str, outputs: list[str] | None = None) -> str:
+        """LayerNorm(y + dense bias + skip) with the checkpoint's `prefix` dense.bias and LayerNorm weights."""
+        weights = [g.const(f"{name}_{t}", f32(f"{prefix}LayerNorm.{w}")) for t, w in (("g", "weight"), ("b", "bias"))]
+        bias = g.const(f"{name}_dense_b", f32(f"{prefix}dense.bias"))
+        return g.op("SkipLayerNormalization", [y, skip, *weights, bias], outputs, domain="com.microsoft", epsilon=eps)
+
     width = f32("encoder.layer.0.attention.self.query.weight").shape[0]
     scale = np.float32(1.0 / math.sqrt(width // heads))  # folded into the query projection
     split = g.const("split_qkv", np.array([width] * 3, dtype=np.int64))
@@ -194,34 +200,11 @@ def minilm_graph(tensors: Mapping[str, np.ndarray], n_layers: int, heads: int, e
         g.op("Split", [qkv, split], [q, k, v], axis=2)
         ctx = g.op("MultiHeadAttention", [q, k, v, "", "lengths"], domain="com.microsoft", num_heads=heads, scale=1.0)
         att = matmul(ctx, f"l{i}.out_w", f32(p + "attention.output.dense.weight").T)
-        h1 = g.op(
-            "SkipLayerNormalization",
-            [
-                att,
-                x,
-                g.const(f"l{i}.ln1_g", f32(p + "attention.output.LayerNorm.weight")),
-                g.const(f"l{i}.ln1_b", f32(p + "attention.output.LayerNorm.bias")),
-                g.const(f"l{i}.out_b", f32(p + "attention.output.dense.bias")),
-            ],
-            domain="com.microsoft",
-            epsilon=eps,
-        )
+        h1 = add_norm(att, x, f"l{i}.ln1", p + "attention.output.")
         inner = matmul(h1, f"l{i}.ff1_w", f32(p + "intermediate.dense.weight").T)
         inner = g.op("BiasGelu", [inner, g.const(f"l{i}.ff1_b", f32(p + "intermediate.dense.bias"))], domain="com.microsoft")
         y = matmul(inner, f"l{i}.ff2_w", f32(p + "output.dense.weight").T)
-        x = g.op(
-            "SkipLayerNormalization",
-            [
-                y,
-                h1,
-                g.const(f"l{i}.ln2_g", f32(p + "output.LayerNorm.weight")),
-                g.const(f"l{i}.ln2_b", f32(p + "output.LayerNorm.bias")),
-                g.const(f"l{i}.ff2_b", f32(p + "output.dense.bias")),
-            ],
-            ["last"] if i == n_layers - 1 else None,
-            domain="com.microsoft",
-            epsilon=eps,
-        )
+        x = add_norm(y, h1, f"l{i}.ln2", p + "output.", ["last"] if i == n_layers - 1 else None)
     inputs = [value_info("hidden", np.float32, ["texts", "tokens", width]), value_info("lengths", np.int32, ["texts"])]
     return g.model(inputs, [value_info("last", np.float32, ["texts", "tokens", width])], "minilm")
 

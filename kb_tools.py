@@ -439,12 +439,6 @@ class KnowledgeBase:
         engine = self.live.ready_engine()
         visible = NoteFilter(private=private).accepts
         rows = engine.view.select(visible)
-        tops: dict[str, int] = {}
-        for p, _ in rows:
-            top = p.split("/", 1)[0] if "/" in p else "(top level)"
-            tops[top] = tops.get(top, 0) + 1
-        profile = dict(engine.vault_profile())
-        profile["folders"] = dict(sorted(tops.items(), key=lambda kv: (-kv[1], kv[0]))[: len(profile.get("folders") or {})])
         info = {
             "notes": len(rows),
             "chunks": sum(len(r.chunks) for _, r in rows),
@@ -455,7 +449,7 @@ class KnowledgeBase:
             "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
             "writable": [w for w in self.cfg.writable if not private.covers(w, None)],
             "creatable": [c for c in self.cfg.creatable if not private.covers(c, None)],
-            "vault": profile,
+            "vault": engine.vault_profile(visible=visible),
             "private_notes": "hidden: this client was not granted notes:private",
         }
         lines = [f"{k}: {v}" for k, v in info.items() if v not in (None, [], {})]

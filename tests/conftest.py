@@ -15,7 +15,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
-from kb_fixtures import make_engine, sample_index, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
+from kb_fixtures import cheap_scrypt, make_engine, sample_index, sample_vault, small_vault  # noqa: E402,F401  (fixtures for every test module)
 
 # Tests never reach Hugging Face: a model that is not on disk must fail fast, not retry over the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

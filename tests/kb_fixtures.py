@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -150,3 +151,60 @@ def run_bounded(code: str) -> object:
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Clock:
+    """A clock tests move by hand (kb_authstore, kb_audit take `now=`); it starts at `t`, else at the real time (the
+    SDK checks a token's expiry with time.time())."""
+
+    def __init__(self, t: float | None = None) -> None:
+        self.t = time.time() if t is None else t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def cheap_scrypt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scrypt at N=2**10 keeps the auth tests fast; the cost is stored with each hash, so checks use what was set.
+    A module takes it with `pytestmark = pytest.mark.usefixtures("cheap_scrypt")`."""
+    import kb_authstore
+
+    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
+
+
+# Seconds an ASGI app served in a test may take to start listening (a real server's lifespan indexes a small vault).
+SERVE_START_S = 20
+
+
+@contextlib.contextmanager
+def serving(app: object, port: int) -> Iterator[None]:
+    """`app` served by uvicorn on 127.0.0.1:`port` in a thread, from listening until the block ends."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + SERVE_START_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)

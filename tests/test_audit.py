@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from kb_fixtures import Clock
 
 import kb_audit
 from kb_audit import MAX_ARG_CHARS, MAX_PATHS, WITHHELD, AuditLog, format_record
@@ -17,16 +18,6 @@ from kb_audit import MAX_ARG_CHARS, MAX_PATHS, WITHHELD, AuditLog, format_record
 # 2026-12-07 10:31:02.250 UTC
 T0 = 1_796_639_462.25
 REPO = Path(__file__).resolve().parent.parent
-
-
-class Clock:
-    """A clock tests move by hand."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def fake_mask(text: str) -> str:
@@ -53,7 +44,7 @@ def tool_call(log: AuditLog, i: int = 0, **over) -> None:
 
 
 def test_record_tool_writes_one_line_with_fields(tmp_path):
-    log = AuditLog(tmp_path / "data", now=Clock())
+    log = AuditLog(tmp_path / "data", now=Clock(T0))
     tool_call(log)
     (rec,) = lines_of(tmp_path / "data" / "audit.jsonl")
     assert rec == {
@@ -72,7 +63,7 @@ def test_record_tool_writes_one_line_with_fields(tmp_path):
 
 
 def test_record_tool_masks_and_cuts_arguments_recursively(tmp_path):
-    log = AuditLog(tmp_path, mask=fake_mask, now=Clock())
+    log = AuditLog(tmp_path, mask=fake_mask, now=Clock(T0))
     long_text = "x" * (MAX_ARG_CHARS + 50)
     args = {"query": "key sk-secret here", "filters": {"tags": ["sk-secret", 3, None]}, "text": long_text, "k": 5}
     tool_call(log, arguments=args, ok=False, error="bad sk-secret", client_name="sk-secret bot")
@@ -88,7 +79,7 @@ def test_record_tool_masks_and_cuts_arguments_recursively(tmp_path):
 
 
 def test_record_tool_counts_paths_past_the_cap(tmp_path):
-    log = AuditLog(tmp_path, now=Clock())
+    log = AuditLog(tmp_path, now=Clock(T0))
     tool_call(log, paths=[f"n/{i}.md" for i in range(MAX_PATHS + 7)])
     (rec,) = lines_of(tmp_path / "audit.jsonl")
     assert len(rec["paths"]) == MAX_PATHS and rec["paths_more"] == 7
@@ -98,7 +89,7 @@ def test_record_tool_counts_paths_past_the_cap(tmp_path):
     "key", ["passphrase", "Password", "code", "token", "access_token", "refresh_token", "client_secret", "code_verifier", "TOTP"]
 )
 def test_record_auth_withholds_secret_named_fields(tmp_path, key):
-    log = AuditLog(tmp_path, mask=fake_mask, now=Clock())
+    log = AuditLog(tmp_path, mask=fake_mask, now=Clock(T0))
     log.record_auth("login_failure", failures=3, client_id="c1", note="saw sk-secret", **{key: "hunter2-value"})
     raw = (tmp_path / "audit.jsonl").read_bytes()
     assert b"hunter2-value" not in raw and b"sk-secret" not in raw
@@ -115,7 +106,7 @@ def test_record_auth_withholds_secret_named_fields(tmp_path, key):
 
 
 def test_record_auth_withholds_secret_named_fields_nested(tmp_path):
-    log = AuditLog(tmp_path, now=Clock())
+    log = AuditLog(tmp_path, now=Clock(T0))
     log.record_auth("token_issued", grant={"refresh_token": "rt-value-123", "scope": "read"})
     (rec,) = lines_of(tmp_path / "audit.jsonl")
     assert rec["grant"] == {"refresh_token": WITHHELD, "scope": "read"}
@@ -128,7 +119,7 @@ def test_record_auth_rejects_reserved_field_names(tmp_path):
 
 
 def test_audit_rotates_by_size_and_tail_reads_across_files(tmp_path):
-    clock = Clock()
+    clock = Clock(T0)
     log = AuditLog(tmp_path, max_bytes=2_000, backups=2, now=clock)
     for i in range(100):
         clock.t = T0 + i
@@ -146,7 +137,7 @@ def test_audit_rotates_by_size_and_tail_reads_across_files(tmp_path):
 
 
 def test_audit_rotation_without_backups_starts_over(tmp_path):
-    log = AuditLog(tmp_path, max_bytes=500, backups=0, now=Clock())
+    log = AuditLog(tmp_path, max_bytes=500, backups=0, now=Clock(T0))
     for i in range(20):
         tool_call(log, i)
     assert not (tmp_path / "audit.jsonl.1").exists()
@@ -154,7 +145,7 @@ def test_audit_rotation_without_backups_starts_over(tmp_path):
 
 
 def test_tail_skips_torn_line_and_next_record_survives(tmp_path):
-    log = AuditLog(tmp_path, now=Clock())
+    log = AuditLog(tmp_path, now=Clock(T0))
     tool_call(log, 1)
     with open(tmp_path / "audit.jsonl", "ab") as f:
         f.write(b'{"ts":"2026-12-07T10:3')  # a crash mid-write
@@ -171,7 +162,7 @@ def test_tail_returns_nothing_before_first_write(tmp_path):
 def test_audit_creates_private_folder_and_files(tmp_path):
     old = os.umask(0o022)
     try:
-        log = AuditLog(tmp_path / "data" / "audit", max_bytes=300, backups=1, now=Clock())
+        log = AuditLog(tmp_path / "data" / "audit", max_bytes=300, backups=1, now=Clock(T0))
         for i in range(5):
             tool_call(log, i)
     finally:
@@ -184,7 +175,7 @@ def test_audit_creates_private_folder_and_files(tmp_path):
 def test_record_does_not_raise_when_folder_unwritable(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder", encoding="utf-8")
-    log = AuditLog(blocker / "audit", now=Clock())  # its parent is a file: works even as root
+    log = AuditLog(blocker / "audit", now=Clock(T0))  # its parent is a file: works even as root
     with caplog.at_level(logging.WARNING, logger="kb_audit"):
         tool_call(log, 1)
         log.record_auth("login_failure", failures=1)
@@ -195,7 +186,7 @@ def test_record_does_not_raise_when_folder_unwritable(tmp_path, caplog):
 def test_record_warns_again_with_lost_count_when_writable(tmp_path, caplog):
     folder = tmp_path / "audit"
     folder.write_text("in the way", encoding="utf-8")
-    log = AuditLog(folder, now=Clock())
+    log = AuditLog(folder, now=Clock(T0))
     with caplog.at_level(logging.WARNING, logger="kb_audit"):
         tool_call(log, 1)
         tool_call(log, 2)
@@ -210,7 +201,7 @@ def test_record_drops_line_when_mask_fails(tmp_path, caplog):
     def broken(text: str) -> str:
         raise RuntimeError("mask bug")
 
-    log = AuditLog(tmp_path, mask=broken, now=Clock())
+    log = AuditLog(tmp_path, mask=broken, now=Clock(T0))
     with caplog.at_level(logging.WARNING, logger="kb_audit"):
         tool_call(log, 1)
     assert not (tmp_path / "audit.jsonl").exists()
@@ -251,7 +242,7 @@ def test_format_record_escapes_control_characters():
 
 
 def test_audit_threads_write_1000_parseable_lines(tmp_path):
-    log = AuditLog(tmp_path, now=Clock())
+    log = AuditLog(tmp_path, now=Clock(T0))
 
     def work(tag: str) -> None:
         for i in range(500):

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from kb_fixtures import REPO_ROOT, SAMPLE_KB
+from kb_fixtures import REPO_ROOT, SAMPLE_KB, free_port
 
 from kb_audit import AuditLog
 from kb_authstore import AuthStore, totp_code
@@ -31,12 +31,6 @@ START_TIMEOUT_S = 90
 # One auth command: imports, one scrypt (~0.1 s), a file write.
 CLI_TIMEOUT_S = 60
 CALLBACK = "https://claude.ai/api/mcp/auth_callback"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp: Path, **server: Any) -> Path:
@@ -283,7 +277,7 @@ def _serve(config: Path, port: int, timeout: float = CLI_TIMEOUT_S) -> subproces
 def test_oauth_server_refuses_to_start_before_auth_init(tmp_path: Path) -> None:
     config = _config(tmp_path, auth="oauth", public_url=PUBLIC_URL)
 
-    done = _serve(config, _free_port())
+    done = _serve(config, free_port())
 
     assert done.returncode == 1
     assert f"python mcp_server.py auth init --config {config}" in done.stderr  # the config it was started with
@@ -298,7 +292,7 @@ def test_oauth_server_refuses_a_public_url_that_is_not_https(
 ) -> None:
     config = _config(initialised[0].parent, auth="oauth", public_url=public_url)
 
-    done = _serve(config, _free_port())
+    done = _serve(config, free_port())
 
     assert done.returncode == 1
     assert expected in done.stderr
@@ -317,7 +311,7 @@ def _get(url: str, method: str = "GET", token: str = "") -> tuple[int, dict[str,
 
 def test_oauth_server_serves_metadata_from_public_url_and_401s_mcp(initialised: tuple[Path, str], tmp_path: Path) -> None:
     config = _config(initialised[0].parent, auth="oauth", public_url=PUBLIC_URL)
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "server.log"
     proc = subprocess.Popen(
         [sys.executable, "mcp_server.py", "--config", str(config), "--transport", "http", "--port", str(port)],

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kb_fixtures import Clock
 
 import kb_authstore
 from kb_authstore import (
@@ -23,29 +24,12 @@ PASSPHRASE = "correct horse battery staple"
 # A fixed start, mid-way through a TOTP step.
 T0 = 1_700_000_010.0
 
-
-class Clock:
-    """A clock tests move by hand."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@pytest.fixture(autouse=True)
-def cheap_scrypt(monkeypatch):
-    """scrypt at N=2**10 keeps the suite fast; the cost is stored with each hash, so checks use what was set."""
-    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
+pytestmark = pytest.mark.usefixtures("cheap_scrypt")
 
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture

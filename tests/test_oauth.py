@@ -9,8 +9,6 @@ import hashlib
 import html.parser
 import logging
 import secrets
-import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 import anyio
 import httpx2
 import pytest
-import uvicorn
+from kb_fixtures import Clock, free_port, serving
 from mcp import Client
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, TokenStorage
 from mcp.client.streamable_http import streamable_http_client
@@ -45,30 +43,7 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 REDIRECT_URI = "http://127.0.0.1:9/callback"
 EXPECTED_CSP_PREFIX = "default-src 'none'; style-src 'unsafe-inline';"
 
-
-class Clock:
-    """The store's clock, moved by hand; it starts at the real time because the SDK checks expiry with time.time()."""
-
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@pytest.fixture(autouse=True)
-def cheap_scrypt(monkeypatch):
-    """scrypt at N=2**10 keeps the file fast; the cost is stored with each hash, so checks use what was set."""
-    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = pytest.mark.usefixtures("cheap_scrypt")
 
 
 def _mcp_server() -> MCPServer:
@@ -108,25 +83,14 @@ class Served:
 @contextlib.contextmanager
 def _serve(tmp_path: Path, public_url: str | None = None) -> Iterator[Served]:
     """oauth_app on 127.0.0.1 (uvicorn in a thread); `public_url` defaults to the local address."""
-    port = _free_port()
+    port = free_port()
     local = f"http://127.0.0.1:{port}"
     clock = Clock()
     store = AuthStore(tmp_path / "auth", now=clock)
     served = Served(local, public_url or local, store, clock, store.set_owner(PASSPHRASE).secret_b32)
     app = oauth_app(_mcp_server(), store, served.public, "127.0.0.1", on_request=lambda *seen: served.requests.append(seen))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
+    with serving(app, port):
         yield served
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture

@@ -26,12 +26,13 @@ import httpx2
 import pytest
 from test_oauth import PASSPHRASE, _pkce, _serve
 
-import kb_authstore
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not on PATH (Debian/Ubuntu: apt-get install chromium); the browser test needs it"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="chromium is not on PATH (Debian/Ubuntu: apt-get install chromium); the browser test needs it"
+    ),
+    pytest.mark.usefixtures("cheap_scrypt"),
+]
 
 # An iPhone 12-15 viewport in CSS pixels; screenshots are taken at this size (device scale 1).
 PHONE_WIDTH_PX, PHONE_HEIGHT_PX = 390, 844
@@ -195,11 +196,6 @@ def phone(tmp_path) -> Iterator[Chromium]:
         yield browser
     finally:
         browser.close()
-
-
-@pytest.fixture(autouse=True)
-def cheap_scrypt(monkeypatch):
-    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
 
 
 @contextlib.contextmanager

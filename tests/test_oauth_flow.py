@@ -9,23 +9,19 @@ import time
 import anyio
 import httpx2
 import pytest
+from kb_fixtures import Clock
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientMetadata, OAuthToken
-from test_oauth import INIT, MCP_HEADERS, PASSPHRASE, REDIRECT_URI, Browser, Clock, MemoryStorage, _initialize
+from test_oauth import INIT, MCP_HEADERS, PASSPHRASE, REDIRECT_URI, Browser, MemoryStorage, _initialize
 from test_oauth import Served as Owner
 from test_private_notes import APPEND, PRIVATE, PRIVATE_WORD, _serve
-
-import kb_authstore
 
 CLIENT_NAME = "Flow test client"
 TOOLS = {"search_my_knowledge_base", "update_knowledge_base", "read_note", "list_notes", "related_notes", "index_status"}
 
-
-@pytest.fixture(autouse=True)
-def cheap_scrypt(monkeypatch):
-    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
+pytestmark = pytest.mark.usefixtures("cheap_scrypt")
 
 
 def test_oauth_flow_serves_the_real_tools_and_audits_without_secrets(tmp_path):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -18,13 +16,11 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-import uvicorn
-from kb_fixtures import make_config, write_note
+from kb_fixtures import free_port, make_config, serving, write_note
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from test_oauth import PASSPHRASE
 
-import kb_authstore
 import mcp_server
 from kb_audit import AuditLog
 from kb_authstore import AuthStore
@@ -38,10 +34,7 @@ SECRET = "sk-ant-api03-" + "Q7x" * 30 + "AA"
 PRIVATE_WORD = "albatross"  # only in private notes: finding it anywhere in a reply is a leak
 READ, APPEND, PRIVATE = "notes:read", "notes:append", "notes:private"
 
-
-@pytest.fixture(autouse=True)
-def cheap_scrypt(monkeypatch):
-    monkeypatch.setattr(kb_authstore, "SCRYPT_N", 2**10)
+pytestmark = pytest.mark.usefixtures("cheap_scrypt")
 
 
 def _vault(root: Path) -> Path:
@@ -60,12 +53,6 @@ def _vault(root: Path) -> Path:
         f"---\nvisibility: private\n---\n# Kestrel diary\n\nKestrel launch nerves; code word {PRIVATE_WORD}. See [[Kestrel launch]].\n",
     )
     return root
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -102,21 +89,11 @@ def _serve(tmp_path: Path, now: Callable[[], float] = time.time) -> Iterator[Ser
         return names[client_id]
 
     server = mcp_server.build_server(kb, audit=audit, client_name=client_name)
-    port = _free_port()
+    port = free_port()
     public = f"http://127.0.0.1:{port}"
     app = oauth_app(server, store, public, "127.0.0.1")
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
+    with serving(app, port):
         yield Served(public + "/mcp", store, audit, kb, secret)
-    finally:
-        uv.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")
