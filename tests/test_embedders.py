@@ -288,7 +288,7 @@ def use_cache(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     folder = tmp_path_factory.mktemp("use-cache")
     (folder / "use-m3-0.1.0-1-2-3-4.table.npy").write_bytes(b"an earlier wheel's cache")
     (folder / "use-m3-0.2.1-1-2-3-4.state.pkl").write_bytes(b"an earlier layout's cache")
-    return SimpleNamespace(folder=folder, first=load_use(folder, 1))  # builds and writes the cache
+    return SimpleNamespace(folder=folder, first=load_use(folder, 1, "numpy"))  # builds and writes the cache
 
 
 def test_use_loads_from_its_cache_with_the_wheels_own_vectors(use_cache):
@@ -304,7 +304,7 @@ def test_use_loads_from_its_cache_with_the_wheels_own_vectors(use_cache):
     wheel = USE(threads=1).encode(texts)  # the wheel's own public encoder (load_use without a cache: the broken test)
     # the build dropped the earlier wheel's and layout's caches
     assert sorted(p.suffix for p in use_cache.folder.iterdir()) == [".bin", ".npy", ".pkl"]
-    first, again = use_cache.first, load_use(use_cache.folder, 1)  # again reads it
+    first, again = use_cache.first, load_use(use_cache.folder, 1, "numpy")  # again reads it
     assert isinstance(again.backend.table, kb_use._TableRows if hasattr(os, "pread") else np.memmap)
     assert isinstance(first.backend.table, np.ndarray) and not isinstance(first.backend.table, np.memmap)
     assert np.array_equal(again.encode(texts), wheel) and np.array_equal(first.encode(texts), wheel)
@@ -350,12 +350,12 @@ def test_use_cache_that_is_broken_is_rebuilt_and_a_new_wheel_is_loaded_uncached(
         part.write_bytes(part.read_bytes()[: size // 2])  # a half-written cache (a full disk, a kill)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="kb_use"):
-            rebuilt = load_use(cache, 1)
+            rebuilt = load_use(cache, 1, "numpy")
         assert "ignoring the USE cache" in caplog.text and part.stat().st_size == size
         assert np.array_equal(rebuilt.encode(texts), wheel)
     monkeypatch.setattr(kb_use, "USE_CACHED_VERSION", "0.0.0")  # a wheel whose layout the cache does not know
     other = tmp_path / "other"
-    assert np.array_equal(load_use(other, 1).encode(texts), wheel) and not other.exists()
+    assert np.array_equal(load_use(other, 1, "numpy").encode(texts), wheel) and not other.exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="sentence-transformers not installed")

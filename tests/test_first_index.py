@@ -422,3 +422,20 @@ def test_a_new_revision_of_one_model_re_embeds_its_vectors_only_while_the_old_on
     assert engine.coverage_note() is None and engine.sync_all().embedded_by_model == {}
     reopened = _engine(mixed_vault, data, MultiEmbedder([Recorder(24, USE), Revised(16, MINILM, 1)]))
     assert reopened.sync_all().embedded_by_model == {}  # the revisions are in the index's files
+
+
+def test_a_new_revision_of_the_first_model_re_embeds_its_part_of_every_row_only(mixed_vault, tmp_path):
+    """The multilingual model's int8 graph (kb_use) moves its vectors, part 0 of every row, and no other model's."""
+    data = tmp_path / "data"
+    first = _engine(mixed_vault, data, MultiEmbedder([Revised(24, USE, 0), Recorder(16, MINILM)]))
+    first.sync_all()
+    old = {c: first.store.vector(c).copy() for c in {c.content for c in first.chunks.values()}}
+    use, minilm = Revised(24, USE, 1), Recorder(16, MINILM)
+    engine = _engine(mixed_vault, data, MultiEmbedder([use, minilm]))
+    engine.sync_all()
+    assert minilm.texts == [] and len(use.texts) == len(set(use.texts)) == len(old)  # each content once
+    for c, vector in old.items():
+        now = engine.store.vector(c)
+        assert np.allclose(now[:24], -vector[:24], atol=1e-6) and np.array_equal(now[24:], vector[24:])
+    reopened = _engine(mixed_vault, data, MultiEmbedder([Revised(24, USE, 1), Recorder(16, MINILM)]))
+    assert reopened.sync_all().embedded_by_model == {}
