@@ -186,6 +186,9 @@ class Background:
                 if len(head) >= head_notes:
                     break
         records = view.records(head)
+        unmirrored = [p for p in head if _mirror(notes, p) is None]
+        self._fill_nearest(notes, unmirrored)  # each note's nearest, then theirs: two products for all head notes
+        self._fill_nearest(notes, [o for p in unmirrored if (o := notes.nearest[p]) is not None])
         pairs: dict[str, str] = {}
         chunk_of = dict(head)  # each paired note -> the chunk that stands for it (a translation brought in: its first)
         for path in head:
@@ -233,6 +236,21 @@ class Background:
         """Build the notes' vectors in `model`'s slots now (the translation step's first use); returns how many."""
         notes = self._note_matrix(model)
         return len(notes.paths) if notes is not None else 0
+
+    def _fill_nearest(self, notes: _NoteMatrix, paths: Sequence[str]) -> None:
+        """_nearest_other for several notes at once, remembered: one product per language (tldr: 20 head notes and
+        their nearest, one matrix-vector product each over 4,480 notes, cost 5.8 ms of a search with alternatives)."""
+        todo = [p for p in dict.fromkeys(paths) if p not in notes.nearest]
+        for cjk in (False, True):
+            mine = [p for p in todo if bool(notes.cjk[notes.row[p]]) == cjk]
+            if not mine:
+                continue
+            rows, vectors = notes.by_language.get(not cjk, (None, None))
+            if rows is None:
+                notes.nearest.update(dict.fromkeys(mine))
+                continue
+            best = np.argmax(vectors @ notes.matrix[[notes.row[p] for p in mine]].T, axis=0)  # the first of equals
+            notes.nearest.update({p: notes.paths[int(rows[int(b)])] for p, b in zip(mine, best)})
 
     def _nearest_other(self, notes: _NoteMatrix, path: str) -> str | None:
         """The note in the other language nearest to `path` (whole-note cosine), or None if there is none; the first

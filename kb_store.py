@@ -16,10 +16,12 @@ embedder's counts as missing, so it is embedded again and, until then, still ans
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,6 +48,11 @@ ALL_PARTS = 0xFF
 # Models one row can hold (bits of the uint8 mask).
 MAX_PARTS = 8
 MASK_DTYPE = np.uint8
+# A scan of at least this many rows runs its second half on a second thread (numpy releases the GIL in the product;
+# each thread one BLAS thread): tldr's 15,735 rows x 10 query vectors 11.1 ms -> 5.3-6.4 ms on two cores. Smaller
+# scans (~1 ms) stay on one.
+SPLIT_SCAN_ROWS = 4096
+_SCAN_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vector-scan")
 
 
 def part_slices(dims: Sequence[int]) -> list[slice]:
@@ -405,8 +412,7 @@ class VectorStore:
             if not self._keys or not queries:
                 return [[] for _ in queries]
             q = np.stack([self._query(v) for v in queries], axis=1)
-            parts = [b @ q for b in self._blocks]
-            sims_all = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            sims_all = _scan(self._blocks, q)
             keys = self._keys
             # Rows a query does not score: another copy of the same text (a later one counts), or without its model.
             factors = [self._factor(q[:, j]) for j in range(len(queries))]
@@ -429,6 +435,25 @@ class VectorStore:
             top = top[np.argsort(-sims[top], kind="stable")]
             out.append([(keys[i], float(sims[i])) for i in top])
         return out
+
+
+def _scan(blocks: Sequence[np.ndarray], q: np.ndarray) -> np.ndarray:
+    """Every row's dot products with the query columns `q`, the blocks' rows in order; a large scan in two halves
+    side by side (SPLIT_SCAN_ROWS)."""
+    total = sum(len(b) for b in blocks)
+    if total < SPLIT_SCAN_ROWS:
+        parts = [b @ q for b in blocks]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    pieces: list[np.ndarray] = []  # the rows in order, split at the middle row
+    start = 0
+    for b in blocks:
+        cut = total // 2 - start
+        pieces.extend([b[:cut], b[cut:]] if 0 < cut < len(b) else [b])
+        start += len(b)
+    first = sum(1 for _ in itertools.takewhile(lambda n: n <= total // 2, itertools.accumulate(len(p) for p in pieces)))
+    later = _SCAN_POOL.submit(lambda: [p @ q for p in pieces[first:]])
+    parts = [p @ q for p in pieces[:first]]
+    return np.concatenate(parts + later.result())
 
 
 class _Segment(NamedTuple):

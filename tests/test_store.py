@@ -110,6 +110,19 @@ def test_nearest_many_gives_each_query_what_nearest_gives_it(tmp_path):
     assert many[0][0][0] == "c3"
 
 
+@pytest.mark.parametrize("sizes", [(10,), (7, 9), (5, 5), (4, 1, 6, 3), (1, 12)])
+def test_a_large_scan_split_over_two_threads_scores_every_row_in_order(sizes, monkeypatch):
+    """kb_store._scan cuts the rows at the middle (inside a block, or at a block's edge) and runs the halves side by
+    side: the same dot products, in the rows' order, as one product per block."""
+    monkeypatch.setattr(kb_store, "SPLIT_SCAN_ROWS", 2)
+    rng = np.random.default_rng(3)
+    blocks = [rng.standard_normal((n, 6)).astype(np.float32) for n in sizes]
+    q = rng.standard_normal((6, 3)).astype(np.float32)
+    got = kb_store._scan(blocks, q)
+    assert got.shape == (sum(sizes), 3)
+    assert np.allclose(got, np.concatenate(blocks) @ q, atol=1e-5)
+
+
 def _held_by_store() -> int:
     """Bytes traced now whose allocation ran through kb_store: what the store holds, whatever other threads of the
     process (pytest-xdist's, a previous test's) allocate meanwhile (two memory tests failed once under xdist)."""
