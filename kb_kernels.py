@@ -1,9 +1,9 @@
-"""The bundled MiniLM's forward pass as an onnxruntime graph, written here from the model's own weights: no onnx
-package, no torch, no download. The graph is built once per user into the cache folder (an .onnx file), checked by its
-model against the numpy pass, then opened by every process. Where onnxruntime is missing the model stays in numpy.
+"""The bundled models' forward passes as onnxruntime graphs, written here from the models' own weights: no onnx
+package, no torch, no download. A graph is built once per user into the cache folder (an .onnx file), checked by its
+model against its numpy pass, then opened by every process. Where onnxruntime is missing a model stays in numpy.
 
-Owns the ONNX writer (the protobuf wire format of the few messages a graph needs), the graph of the BERT encoder of
-all-MiniLM-L6-v2, and the sessions. Imports: kb_files.
+Owns the ONNX writer (the protobuf wire format of the few messages a graph needs), the graphs (the BERT encoder of
+all-MiniLM-L6-v2; USE's token-level layers) and the sessions. Imports: kb_files.
 """
 
 from __future__ import annotations

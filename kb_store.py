@@ -9,8 +9,9 @@ A row is the models' vectors side by side (kb_vectors.MultiEmbedder's layout). I
 index embeds the multilingual model first; an English-only model skips mostly Chinese text): its `parts` mask says
 which, the slots of the others are zeros, and a query is scored only on rows holding the models it asks about. A row
 that gains a model is written again whole; the later copy wins. A row's `revs` mask says which of its models' vectors
-came from that model's revision 1 (the bundled MiniLM's int8 kernel: kb_minilm); a vector of another revision than the
-embedder's counts as missing, so it is embedded again and, until then, still answers. Imports: kb_config, kb_files.
+came from that model's revision 1 (the bundled models' int8 kernels: kb_minilm, kb_use); a vector of another revision
+than the embedder's counts as missing, so it is embedded again and, until then, still answers. Imports: kb_config,
+kb_files.
 """
 
 from __future__ import annotations
