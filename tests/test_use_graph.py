@@ -116,6 +116,32 @@ def test_a_graph_whose_vectors_differ_is_dropped_and_the_wheels_pass_used(tmp_pa
     assert not list(tmp_path.glob("*.onnx"))
 
 
+def test_a_graph_only_slightly_off_is_refused_too(tmp_path, monkeypatch, caplog):
+    """USE's check is stricter than MiniLM's (its int8 error is ten times smaller): convolution weights off by 20%
+    (as integer products that saturate might leave them) give vectors a MiniLM-sized tolerance would accept."""
+    import re
+
+    import kb_use
+    from kb_kernels import MIN_GRAPH_COSINE
+
+    real = kb_use.use_graph
+
+    def off(params, *args):
+        rng = np.random.default_rng(0)
+        noisy = {
+            k: [np.asarray(w) * (1 + 0.2 * rng.standard_normal(np.shape(w))).astype(np.float32) for w in params[k]]
+            for k in ("w1", "w2")
+        }
+        return real({**params, **noisy}, *args)
+
+    monkeypatch.setattr(kb_use, "use_graph", off)
+    monkeypatch.setattr("kb_kernels._WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="kb_kernels"):
+        model = kb_use.load_use(tmp_path, 1)
+    found = re.search(r"cosine ([0-9.]+) to the wheel's", caplog.text)
+    assert model.kernel == "numpy" and found and MIN_GRAPH_COSINE <= float(found.group(1)) < kb_use.MIN_USE_GRAPH_COSINE
+
+
 def test_the_bundled_use_stamps_its_vectors_with_the_graphs_revision(tmp_path):
     """The store keeps which kernel made each vector (kb_store revs): known before the model loads, and the same
     once it has."""
