@@ -18,6 +18,7 @@ pinned version or the graph fails its check, the wheel's own pass runs. Imports:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -175,8 +176,12 @@ def load_use(cache_dir: Path | None, threads: int, kernel: str = "auto") -> UseE
 def graph_expected(kernel: str = "auto") -> bool:
     """Whether load_use(..., kernel) runs the int8 graph, as far as is known without loading (onnxruntime installed,
     the wheel the pinned version): what an index's stored vectors are stamped with before the model is loaded."""
-    if kernel == "numpy" or runtime_version() is None:
-        return False
+    return kernel != "numpy" and runtime_version() is not None and _pinned_wheel()
+
+
+@functools.cache
+def _pinned_wheel() -> bool:
+    """Whether the installed wheel is the version the graph knows (looked up once: 0.4 ms a call)."""
     try:
         return metadata.version(USE_DISTRIBUTION) == USE_CACHED_VERSION
     except metadata.PackageNotFoundError:
