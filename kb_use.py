@@ -212,7 +212,7 @@ def _open_graph(backend: Any, key: str | None, cache_dir: Path | None, threads: 
     def give_up(reason: str) -> None:
         if strict:
             raise ModelUnavailableError(f"use-multilingual's int8 kernel is unavailable: {reason}")
-        warn_once(f"use-numpy:{reason}", "use-multilingual runs in numpy, ~2.4x slower: %s", reason)
+        warn_once(f"use-numpy:{reason}", "use-multilingual runs in numpy, ~2.6x slower: %s", reason)
 
     if runtime_version() is None:
         give_up(f"onnxruntime is not installed ({ORT_INSTALL_HINT})")
