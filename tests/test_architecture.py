@@ -381,3 +381,11 @@ def test_a_search_crosses_at_most_six_modules_from_the_tool_and_never_climbs_bac
     assert not climbs, f"a module called back into one above it: {climbs[:3]}"
     longest = max(paths, key=len)
     assert len(longest) <= SEARCH_PATH_MODULES, " -> ".join(longest)
+
+
+def test_readme_layout_names_every_module():
+    """The README's Layout section names each top-level module: five were missing before this test existed."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("\n## Layout") :]
+    missing = sorted(p.name for p in REPO.glob("*.py") if f"`{p.name}`" not in layout)
+    assert not missing, f"add these to README.md's Layout section: {missing}"
