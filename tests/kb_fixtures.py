@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -153,13 +154,70 @@ def run_bounded(code: str) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def server_config(tmp: Path, writable: tuple[str, ...] = (), **server: object) -> Path:
+    """A config.yaml in `tmp` for a server process over a copy of the sample vault (`tmp/vault`, copied once) with the
+    fast hash embedder, its index in `tmp/data`: `writable` notes, `server` keys as given."""
+    vault = tmp / "vault"
+    if not vault.exists():
+        shutil.copytree(SAMPLE_KB, vault)
+    cfg: dict[str, object] = {"kb_dir": str(vault), "data_dir": str(tmp / "data"), "embedding": {"model": "hash-embedder"}}
+    if writable:
+        cfg["write"] = {"writable": list(writable)}
+    cfg["server"] = server
+    path = tmp / "config.yaml"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    return path
+
+
 def free_port() -> int:
     """A TCP port free on loopback now (for a server a test starts)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class HttpServer:
+    """`mcp_server.py --transport http` on loopback `port` for a test, started and waited for (its stderr in `log`)."""
+
+    # A server process may take this long to import, index the sample vault and open its port.
+    START_TIMEOUT_S = 90
+
+    def __init__(self, config: Path, port: int, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO_ROOT / "mcp_server.py"),
+                "--config",
+                str(config),
+                "--transport",
+                "http",
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w", encoding="utf-8"),
+        )
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, log.read_text(encoding="utf-8")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        pytest.fail(f"the HTTP server did not open port {port}: {log.read_text(encoding='utf-8')}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class Clock:

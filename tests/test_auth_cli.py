@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from kb_fixtures import REPO_ROOT, SAMPLE_KB, free_port
+from kb_fixtures import REPO_ROOT, HttpServer, free_port, server_config
 
 from kb_audit import AuditLog
 from kb_authstore import AuthStore, totp_code
@@ -26,26 +24,13 @@ from kb_http import auth_folder
 
 PASSPHRASE = "correct horse battery staple"
 PUBLIC_URL = "https://notes.example.com"
-# A server process may take this long to import, index the sample vault and open its port.
-START_TIMEOUT_S = 90
 # One auth command: imports, one scrypt (~0.1 s), a file write.
 CLI_TIMEOUT_S = 60
 CALLBACK = "https://claude.ai/api/mcp/auth_callback"
 
 
 def _config(tmp: Path, **server: Any) -> Path:
-    vault = tmp / "vault"
-    if not vault.exists():
-        shutil.copytree(SAMPLE_KB, vault)
-    cfg = {
-        "kb_dir": str(vault),
-        "data_dir": str(tmp / "data"),
-        "embedding": {"model": "hash-embedder"},
-        "server": server,
-    }
-    path = tmp / "config.yaml"
-    path.write_text(json.dumps(cfg), encoding="utf-8")
-    return path
+    return server_config(tmp, **server)
 
 
 def _run(config: Path, *args: str, stdin: str | None = None, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
@@ -313,22 +298,8 @@ def test_oauth_server_serves_metadata_from_public_url_and_401s_mcp(initialised: 
     config = _config(initialised[0].parent, auth="oauth", public_url=PUBLIC_URL)
     port = free_port()
     log = tmp_path / "server.log"
-    proc = subprocess.Popen(
-        [sys.executable, "mcp_server.py", "--config", str(config), "--transport", "http", "--port", str(port)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w", encoding="utf-8"),
-    )
+    server = HttpServer(config, port, log)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, log.read_text(encoding="utf-8")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text(encoding="utf-8")
-                time.sleep(0.2)
         local = f"http://127.0.0.1:{port}"
 
         status, _, body = _get(local + "/.well-known/oauth-protected-resource/mcp")
@@ -355,12 +326,7 @@ def test_oauth_server_serves_metadata_from_public_url_and_401s_mcp(initialised: 
         after_revoke, _, _ = _get(local + "/mcp", method="POST", token=pair.access_token)
         shown = _run(config, "auth", "log").stdout
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
     assert after_revoke == 401  # revoked from the CLI, refused by the running server at its next request
     tool_line = next(line for line in shown.splitlines() if " tool search_my_knowledge_base " in line)
     assert "Claude (client-a)" in tool_line

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,33 +15,15 @@ from typing import Any
 
 import anyio
 import pytest
-from kb_fixtures import REPO_ROOT, SAMPLE_KB
+from kb_fixtures import REPO_ROOT, HttpServer, free_port, server_config
 
 # A server process may take this long to import, index the sample vault and open its port.
 START_TIMEOUT_S = 90
 CURL = shutil.which("curl")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(tmp: Path, **server: Any) -> Path:
-    vault = tmp / "vault"
-    if not vault.exists():
-        shutil.copytree(SAMPLE_KB, vault)
-    cfg = {
-        "kb_dir": str(vault),
-        "data_dir": str(tmp / "data"),
-        "embedding": {"model": "hash-embedder"},
-        "write": {"writable": ["inbox.md"]},
-        "server": server,
-    }
-    path = tmp / "config.yaml"
-    path.write_text(json.dumps(cfg), encoding="utf-8")
-    return path
+    return server_config(tmp, ("inbox.md",), **server)
 
 
 def _cli(config: Path, *args: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
@@ -55,36 +36,6 @@ def _cli(config: Path, *args: str, timeout: float = START_TIMEOUT_S) -> subproce
     )
 
 
-class HttpServer:
-    def __init__(self, config: Path, port: int, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}/mcp"
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "mcp_server.py", "--config", str(config), "--transport", "http", "--port", str(port)],
-            cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=log.open("w", encoding="utf-8"),
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text(encoding="utf-8")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"the HTTP server did not open port {port}: {log.read_text(encoding='utf-8')}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HttpServer, str, Path]]:
     tmp = tmp_path_factory.mktemp("http")
@@ -95,7 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HttpServe
     token_file = tmp / "data" / "server-token"
     assert token_file.read_text(encoding="utf-8").strip() == token
     assert token_file.stat().st_mode & 0o777 == 0o600
-    server = HttpServer(config, _free_port(), tmp / "server.log")
+    server = HttpServer(config, free_port(), tmp / "server.log")
     try:
         yield server, token, tmp
     finally:
@@ -204,7 +155,7 @@ def test_server_refuses_to_serve_http_without_a_token(tmp_path):
     config = _config(tmp_path)
 
     for host in ("0.0.0.0", "127.0.0.1"):
-        out = _cli(config, "--transport", "http", "--host", host, "--port", str(_free_port()), timeout=60)
+        out = _cli(config, "--transport", "http", "--host", host, "--port", str(free_port()), timeout=60)
         assert out.returncode == 1
         assert "without a token" in out.stderr and "--print-token" in out.stderr
     assert "non-loopback" in _cli(config, "--transport", "http", "--host", "0.0.0.0", timeout=60).stderr
