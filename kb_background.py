@@ -195,8 +195,8 @@ class Background:
             if path in pairs:
                 continue
             mirror = _mirror(notes, path)  # the same path in the other language's folder: that is its translation
-            other = mirror or self._nearest_other(notes, path)
-            if other is None or other in pairs or (mirror is None and self._nearest_other(notes, other) != path):
+            other = mirror or notes.nearest[path]
+            if other is None or other in pairs or (mirror is None and notes.nearest[other] != path):
                 continue
             a, b = records.get(path) or view.record(path), view.record(other)
             if a is None or b is None or not b.chunks or not _same_shape(path, a.headings, other, b.headings):
@@ -238,8 +238,9 @@ class Background:
         return len(notes.paths) if notes is not None else 0
 
     def _fill_nearest(self, notes: _NoteMatrix, paths: Sequence[str]) -> None:
-        """_nearest_other for several notes at once, remembered: one product per language (tldr: 20 head notes and
-        their nearest, one matrix-vector product each over 4,480 notes, cost 5.8 ms of a search with alternatives)."""
+        """Remember in `notes.nearest` each note's nearest note in the other language (whole-note cosine; None where
+        there is none; the first of equals in the notes' order), for several notes in one product per language (one
+        product per note, over tldr's 4,480 notes in the other language, cost 5.8 ms of a search with alternatives)."""
         todo = [p for p in dict.fromkeys(paths) if p not in notes.nearest]
         for cjk in (False, True):
             mine = [p for p in todo if bool(notes.cjk[notes.row[p]]) == cjk]
@@ -251,17 +252,6 @@ class Background:
                 continue
             best = np.argmax(vectors @ notes.matrix[[notes.row[p] for p in mine]].T, axis=0)  # the first of equals
             notes.nearest.update({p: notes.paths[int(rows[int(b)])] for p, b in zip(mine, best)})
-
-    def _nearest_other(self, notes: _NoteMatrix, path: str) -> str | None:
-        """The note in the other language nearest to `path` (whole-note cosine), or None if there is none; the first
-        of equals in the notes' order."""
-        if path in notes.nearest:
-            return notes.nearest[path]
-        i = notes.row[path]
-        rows, vectors = notes.by_language.get(not bool(notes.cjk[i]), (None, None))
-        found = None if rows is None else notes.paths[int(rows[int(np.argmax(vectors @ notes.matrix[i]))])]
-        notes.nearest[path] = found
-        return found
 
     def _note_means(self, todo: list[str], records: dict[str, tuple[str, ...]], slots: slice) -> dict[str, np.ndarray]:
         """Each note's unit mean vector in `slots` (notes without a stored vector left out), NOTE_BLOCK notes per pass:
