@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kb_config import Config, KBError
@@ -295,26 +295,36 @@ class LiveIndex:
         self._last_walk = time.monotonic()
         self.counts["full_walks_in_background" if background else "full_walks_before_search"] += 1
 
-    def ensure_fresh(self) -> list[str]:
+    def ensure_fresh(self, ahead: tuple[str, Sequence[str] | None, str] | None = None) -> list[str]:
         """Make the view match the notes before a search; returns notes for the reply.
 
         With file events: apply the paths they named (nothing else is read), or, with none, only check whether
-        another process committed. Without events, or after lost ones: one stat walk of the vault.
+        another process committed. Without events, or after lost ones: one stat walk of the vault. `ahead`: the search
+        to come (query, alternatives, mode), whose query vectors (they never depend on the index) are embedded while
+        the file events settle, in place of that much of the wait, once the model is loaded.
         """
         engine = self.ready_engine()
         notes: list[str] = []
+        t0 = time.monotonic()
+        if ahead is not None and self.model_ready.is_set():
+            try:
+                self.searcher.embed_ahead(*ahead)
+            except Exception as e:  # the search itself embeds again and reports what fails
+                logger.debug("embedding ahead of a search failed: %s", e)
         if self._walk_reason is not None:
             if time.monotonic() - self._last_walk >= self.cfg.check_interval_s:
                 self._sync(engine, None, notes)
         else:
-            self._wait_for_events_to_settle()
+            self._wait_for_events_to_settle(time.monotonic() - t0)
             self._apply_events(engine, notes)
         if engine.model_error:
             notes.append(f"semantic search is off: {engine.model_error}")
         return notes
 
-    def _wait_for_events_to_settle(self) -> None:
-        time.sleep(EVENT_SETTLE_S)
+    def _wait_for_events_to_settle(self, waited_s: float = 0.0) -> None:
+        """Sleep what is left of EVENT_SETTLE_S after `waited_s` of other work (the query's embedding: onnxruntime
+        runs without the GIL, so watchdog's threads run meanwhile as they do in a sleep), then out any burst."""
+        time.sleep(max(0.0, EVENT_SETTLE_S - waited_s))  # sleep(0) still hands the GIL to a waiting thread
         deadline = time.monotonic() + EVENT_BURST_MAX_S
         while True:
             now = time.monotonic()

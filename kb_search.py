@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 # Alternatives the client may pass with a query, and the longest each may be (more or longer is a tool error).
 MAX_ALTERNATIVES = 4
 MAX_ALTERNATIVE_CHARS = 300
+# Searches whose query vectors embed_ahead keeps for them at once (searches running side by side over HTTP); an older
+# one's vectors are dropped, and its search embeds them again.
+AHEAD_KEPT = 8
 # Latin words of a query (what an English-only model is given from a mostly Chinese query).
 _LATIN_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 # An identifier among a query's tokens: letters with digits or with inner . _ - / : (an error code, ticket id, path,
@@ -176,6 +179,8 @@ class Searcher:
         self._rerank_lock = threading.Lock()
         self.view = engine.view  # every read of notes, chunks and vectors goes through its query methods
         self._background = Background(engine.view, engine.embedder, self.tuning.cjk_share)
+        self._ahead: dict[tuple[tuple[str, ...], str], list[list[tuple[PartQuery, bool]]]] = {}  # embed_ahead's
+        self._ahead_lock = threading.Lock()
 
     def warm_up(self) -> None:
         """Read the relevance gate's background sample and the notes' vectors for the translation step now (~0.1 and
@@ -189,27 +194,38 @@ class Searcher:
 
     def _probes(self, text: str, alternatives: Sequence[str] | None) -> list[_Probe]:
         """The query and the client's alternatives (repeats dropped), each with its tokens and language."""
-        alts = [a.strip() for a in alternatives or () if a is not None]
-        if len(alts) > MAX_ALTERNATIVES:
-            raise KBError(f"{len(alts)} alternatives given; pass at most {MAX_ALTERNATIVES}")
-        for i, a in enumerate(alts, 1):
-            if not a:
-                raise KBError(f"alternative {i} is empty; drop it or write other words for the same question")
-            if len(a) > MAX_ALTERNATIVE_CHARS:
-                raise KBError(
-                    f"alternative {i} has {len(a)} characters; each may have at most {MAX_ALTERNATIVE_CHARS} "
-                    "(short keywords or one translated sentence)"
-                )
         out: list[_Probe] = []
-        seen: set[str] = set()
-        for t in [text, *alts]:
-            if t.casefold() in seen:
-                continue
-            seen.add(t.casefold())
+        for t in _probe_texts(text, alternatives):
             tokens = self.view.tokenize(t)
             latin = sum(1 for w in tokens if _LATIN_WORD_RE.match(w)) / len(tokens) if tokens else 0.0
             out.append(_Probe(len(out), t, tokens, cjk_share(t) >= self.tuning.cjk_share, latin))
         return out
+
+    def embed_ahead(self, query: str, alternatives: Sequence[str] | None, mode: str | None) -> None:
+        """Embed a search's query and alternatives now, for the search that follows (kb_live runs this while it waits
+        for file events to settle: the vectors never depend on the index). Bad arguments are left to the search to
+        report; a search that never comes leaves its vectors to be dropped (AHEAD_KEPT)."""
+        mode = mode or self.cfg.search_mode
+        if mode not in SEARCH_MODES or mode == "keyword" or self.engine.model_error:
+            return
+        text, _ = split_query_links((query or "").strip())
+        try:
+            texts = tuple(_probe_texts(text.strip() or query.strip(), alternatives))
+        except KBError:
+            return
+        if not texts or not texts[0]:
+            return
+        found = self._part_queries(texts, mode)
+        with self._ahead_lock:
+            self._ahead[(texts, mode)] = found
+            while len(self._ahead) > AHEAD_KEPT:
+                self._ahead.pop(next(iter(self._ahead)))
+
+    def _embedded(self, texts: Sequence[str], mode: str) -> list[list[tuple[PartQuery, bool]]]:
+        """_part_queries, taken from embed_ahead's where it ran for these texts."""
+        with self._ahead_lock:
+            found = self._ahead.pop((tuple(texts), mode), None)
+        return found if found is not None else self._part_queries(texts, mode)
 
     def _part_queries(self, texts: Sequence[str], mode: str) -> list[list[tuple[PartQuery, bool]]]:
         """For each text (the query, the alternatives), one query vector per model, each with whether its cosine is
@@ -256,7 +272,7 @@ class Searcher:
         engine = self.engine
         if engine.model_error:
             raise ModelUnavailableError(engine.model_error)
-        queries = self._part_queries([p.text for p in probes], mode)
+        queries = self._embedded([p.text for p in probes], mode)
         paths, pool = scope
         if paths is not None and not paths:
             return [_SemanticList(q, trusted, [], 0, probe=p.index) for p, qs in zip(probes, queries) for q, trusted in qs]
@@ -638,6 +654,26 @@ class Searcher:
                 reranker.load()
                 self._reranker = reranker
             return self._reranker
+
+
+def _probe_texts(text: str, alternatives: Sequence[str] | None) -> list[str]:
+    """The query's text and the client's alternatives, stripped, repeats (ignoring case) dropped; KBError for
+    alternatives the tool does not take."""
+    alts = [a.strip() for a in alternatives or () if a is not None]
+    if len(alts) > MAX_ALTERNATIVES:
+        raise KBError(f"{len(alts)} alternatives given; pass at most {MAX_ALTERNATIVES}")
+    for i, a in enumerate(alts, 1):
+        if not a:
+            raise KBError(f"alternative {i} is empty; drop it or write other words for the same question")
+        if len(a) > MAX_ALTERNATIVE_CHARS:
+            raise KBError(
+                f"alternative {i} has {len(a)} characters; each may have at most {MAX_ALTERNATIVE_CHARS} "
+                "(short keywords or one translated sentence)"
+            )
+    out: dict[str, str] = {}
+    for t in [text, *alts]:
+        out.setdefault(t.casefold(), t)
+    return list(out.values())
 
 
 def _probe_name(index: int) -> str:

@@ -434,7 +434,7 @@ class VectorStore:
                 continue
             top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
             top = top[np.argsort(-sims[top], kind="stable")]
-            out.append([(keys[i], float(sims[i])) for i in top])
+            out.append(list(zip([keys[i] for i in top.tolist()], sims[top].tolist())))  # tolist: C floats to Python's
         return out
 
 

@@ -115,10 +115,11 @@ class KnowledgeBase:
 
         modified_cutoff(modified_within_days)  # a bad value is a tool error before any work
         live = self.live
-        notes = live.ensure_fresh()
+        mode = mode or self.cfg.search_mode
+        notes = live.ensure_fresh(ahead=(query, alternatives, mode))
         result = live.search(
             query,
-            mode or self.cfg.search_mode,
+            mode,
             notes,
             alternatives=alternatives,
             top_k=top_k,

@@ -394,8 +394,17 @@ class IndexView:
 
     def _chunks_of(self, near: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """(content, cosine) pairs as (chunk id, cosine), every chunk holding that text, each once, in order."""
+        found: list[tuple[str, float]] = []
         with self.mutex:
-            found = [(cid, cos) for content, cos in near for cid in sorted(self.content_ids.get(content, ()))]
+            get = self.content_ids.get
+            for content, cos in near:
+                ids = get(content)
+                if not ids:
+                    continue
+                if len(ids) == 1:  # most texts are one chunk's: no sort
+                    found.append((*ids, cos))
+                else:
+                    found.extend((cid, cos) for cid in sorted(ids))
         return list(dict.fromkeys(found))
 
     def property_keys(self) -> list[str]:

@@ -151,6 +151,33 @@ def test_an_edit_whose_event_comes_in_during_the_search_is_in_the_answer(kb, sma
     assert _hits(kb, "okapi zebra") == [] and len(calls) == 3  # no event in flight: one search
 
 
+def test_the_querys_embedding_runs_in_the_settle_wait_and_the_edit_is_still_in_the_answer(kb, small_vault, monkeypatch):
+    """The query's vectors do not depend on the index: they are made while file events settle, in place of that much
+    of the wait, before the events are taken; a failure there leaves the search to embed (and report) on its own."""
+    live, order, waited = kb.live, [], []
+    embed_ahead, settle, apply_events = live.searcher.embed_ahead, live._wait_for_events_to_settle, live._apply_events
+
+    def slow_embed_ahead(*args):
+        order.append("embed")
+        time.sleep(2 * kb_live.EVENT_SETTLE_S)
+        embed_ahead(*args)
+
+    monkeypatch.setattr(live.searcher, "embed_ahead", slow_embed_ahead)
+    monkeypatch.setattr(live, "_wait_for_events_to_settle", lambda waited_s=0.0: (waited.append(waited_s), settle(waited_s)))
+    monkeypatch.setattr(live, "_apply_events", lambda *a: (order.append("apply"), apply_events(*a))[1])
+    _after_event(kb, lambda: _edit_in_place(small_vault))
+    hits = [h["path"] for h in kb.search("okapi feeding schedule")[1]["hits"]]
+    assert hits[:1] == ["inbox.md"]
+    assert order == ["embed", "apply"] and waited[0] >= kb_live.EVENT_SETTLE_S
+    assert live.searcher._ahead == {}  # the search took the vectors made for it
+
+    def broken(*args):
+        raise RuntimeError("the model fell over")
+
+    monkeypatch.setattr(live.searcher, "embed_ahead", broken)
+    assert [h["path"] for h in kb.search("okapi feeding schedule")[1]["hits"]][:1] == ["inbox.md"]
+
+
 def test_search_during_a_burst_of_saves_waits_for_the_burst_and_takes_all_of_it(kb, small_vault, monkeypatch):
     # CI once answered index_status with 32 of 60 files saved just before the call: their events were still on their
     # way. Here the saves are spread out (as a slow handler delivers them) and the search starts after the first.

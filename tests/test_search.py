@@ -547,6 +547,56 @@ def test_alternatives_past_the_limits_are_refused_with_the_limit(searcher, alter
         searcher.search("PostgreSQL", alternatives=alternatives)
 
 
+class _QueryRecorder(HashEmbedder):
+    """The hash embedder, recording every query text it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries: list[str] = []
+
+    def embed_query(self, text):
+        self.queries.append(text)
+        return super().embed_query(text)
+
+
+def test_search_uses_the_vectors_embed_ahead_made_for_it_once(small_vault, make_engine):
+    embedder = _QueryRecorder()
+    engine = make_engine(small_vault, embedder)
+    engine.sync_all()
+    searcher = Searcher(engine)
+    query, alternatives = "[[alpha]] PostgreSQL ledger", ["ALPHA postgresql LEDGER", "账本 数据库"]
+    plain = searcher.search(query, alternatives=alternatives)
+    embedded = list(embedder.queries)
+    assert embedded == ["alpha PostgreSQL ledger", "账本 数据库"]  # the link's words kept, the repeat dropped
+    embedder.queries.clear()
+    searcher.embed_ahead(query, alternatives, None)
+    assert embedder.queries == embedded
+    ahead = searcher.search(query, alternatives=alternatives)
+    assert embedder.queries == embedded  # nothing embedded again
+    assert [(h.path, h.score) for h in ahead.hits] == [(h.path, h.score) for h in plain.hits]
+    searcher.search(query, alternatives=alternatives)
+    assert embedder.queries == embedded * 2  # used once: a later search embeds its own
+
+
+@pytest.mark.parametrize(
+    ("alternatives", "mode"), [(["ok", "  "], "hybrid"), (["x" * (MAX_ALTERNATIVE_CHARS + 1)], "hybrid"), ([], "keyword")]
+)
+def test_embed_ahead_leaves_bad_arguments_and_keyword_searches_alone(small_vault, make_engine, alternatives, mode):
+    embedder = _QueryRecorder()
+    engine = make_engine(small_vault, embedder)
+    engine.sync_all()
+    searcher = Searcher(engine)
+    searcher.embed_ahead("PostgreSQL", alternatives, mode)
+    assert embedder.queries == [] and not searcher._ahead
+
+
+def test_embed_ahead_keeps_only_the_latest_searches_vectors(searcher, monkeypatch):
+    monkeypatch.setattr(kb_search, "AHEAD_KEPT", 2)
+    for q in ("one", "two", "three"):
+        searcher.embed_ahead(q, None, "hybrid")
+    assert [texts for texts, _ in searcher._ahead] == [("two",), ("three",)]
+
+
 def test_alternatives_alone_do_not_make_an_offtopic_question_relevant(searcher, monkeypatch):
     """An alternative's cosine is one more chance to match by chance: only words found in a note count for it."""
     monkeypatch.setattr(searcher, "cfg", replace(searcher.cfg, gate_margin=1e6))  # the hash embedder's cosines vouch for nothing
