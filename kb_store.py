@@ -3,7 +3,8 @@
 Each write adds one segment file (`vectors/seg-*.npz`, written atomically) *before* state.json names it, so a reader
 that follows state.json only ever loads complete segments, and a crash leaves at most an unnamed file that the next
 writer sweeps. No process holds a database open, so any number of processes read at once and a killed one corrupts
-nothing. Search is an exact cosine (a matrix-vector product per segment).
+nothing. Search is an exact cosine (a product per segment; a search's several query vectors in onnxruntime's MatMul
+where it is installed, kb_kernels.matmul_session).
 
 A row is the models' vectors side by side (kb_vectors.MultiEmbedder's layout). It may hold only some of them (a first
 index embeds the multilingual model first; an English-only model skips mostly Chinese text): its `parts` mask says
@@ -11,7 +12,7 @@ which, the slots of the others are zeros, and a query is scored only on rows hol
 that gains a model is written again whole; the later copy wins. A row's `revs` mask says which of its models' vectors
 came from that model's revision 1 (the bundled models' int8 kernels: kb_minilm, kb_use); a vector of another revision
 than the embedder's counts as missing, so it is embedded again and, until then, still answers. Imports: kb_config,
-kb_files.
+kb_files, kb_kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from kb_config import IndexFormatError
 from kb_files import atomic_write_bytes
+from kb_kernels import matmul_session
 
 logger = logging.getLogger(__name__)
 
@@ -438,12 +440,20 @@ class VectorStore:
         return out
 
 
+def _product(block: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """block @ q: several columns in onnxruntime where it is installed (kb_kernels.matmul_session), one in numpy."""
+    session = matmul_session() if q.shape[1] > 1 else None
+    if session is None:
+        return block @ q
+    return session.run(["y"], {"a": block, "b": q})[0]
+
+
 def _scan(blocks: Sequence[np.ndarray], q: np.ndarray) -> np.ndarray:
     """Every row's dot products with the query columns `q`, the blocks' rows in order; a large scan in two halves
     side by side (SPLIT_SCAN_ROWS)."""
     total = sum(len(b) for b in blocks)
     if total < SPLIT_SCAN_ROWS:
-        parts = [b @ q for b in blocks]
+        parts = [_product(b, q) for b in blocks]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
     pieces: list[np.ndarray] = []  # the rows in order, split at the middle row
     start = 0
@@ -452,8 +462,8 @@ def _scan(blocks: Sequence[np.ndarray], q: np.ndarray) -> np.ndarray:
         pieces.extend([b[:cut], b[cut:]] if 0 < cut < len(b) else [b])
         start += len(b)
     first = sum(1 for _ in itertools.takewhile(lambda n: n <= total // 2, itertools.accumulate(len(p) for p in pieces)))
-    later = _SCAN_POOL.submit(lambda: [p @ q for p in pieces[first:]])
-    parts = [p @ q for p in pieces[:first]]
+    later = _SCAN_POOL.submit(lambda: [_product(p, q) for p in pieces[first:]])
+    parts = [_product(p, q) for p in pieces[:first]]
     return np.concatenate(parts + later.result())
 
 

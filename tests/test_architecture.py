@@ -36,7 +36,7 @@ ALLOWED = {
     "kb_remote": {"kb_filter", "kb_redact"},
     "kb_minilm": {"kb_config", "kb_files", "kb_kernels"},
     "kb_use": {"kb_config", "kb_files", "kb_kernels"},
-    "kb_store": {"kb_config", "kb_files"},
+    "kb_store": {"kb_config", "kb_files", "kb_kernels"},
     "kb_embedrun": {"kb_text", "kb_vectors"},
     "kb_chroma": {"kb_config"},
     "kb_http": {"kb_config", "kb_files", "kb_oauth", "kb_authstore", "kb_audit", "kb_redact"},

@@ -123,6 +123,28 @@ def test_a_large_scan_split_over_two_threads_scores_every_row_in_order(sizes, mo
     assert np.allclose(got, np.concatenate(blocks) @ q, atol=1e-5)
 
 
+@pytest.mark.parametrize("runtime", [True, False], ids=["onnxruntime", "without"])
+def test_a_scan_of_several_query_vectors_runs_in_onnxruntime_where_installed(runtime, monkeypatch):
+    """Several columns go through onnxruntime's MatMul (OpenBLAS ran them at half its speed), one column through
+    numpy's matrix-vector product; without onnxruntime every product is numpy's. The same dot products either way."""
+    from kb_kernels import matmul_session
+
+    runs = []
+
+    class Recorder:
+        def run(self, names, feeds):
+            runs.append(feeds["b"].shape[1])
+            return matmul_session().run(names, feeds)
+
+    monkeypatch.setattr(kb_store, "matmul_session", (lambda: Recorder()) if runtime else (lambda: None))
+    rng = np.random.default_rng(5)
+    block = rng.standard_normal((300, 16)).astype(np.float32)
+    for columns in (1, 2, 10):
+        q = rng.standard_normal((16, columns)).astype(np.float32)
+        assert np.allclose(kb_store._product(block, q), block @ q, atol=1e-5)
+    assert runs == ([2, 10] if runtime else [])
+
+
 def _held_by_store() -> int:
     """Bytes traced now whose allocation ran through kb_store: what the store holds, whatever other threads of the
     process (pytest-xdist's, a previous test's) allocate meanwhile (two memory tests failed once under xdist)."""
