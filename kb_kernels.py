@@ -36,7 +36,7 @@ ATTR_FLOAT, ATTR_INT, ATTR_STRING, ATTR_INTS = 1, 2, 3, 7
 IR_VERSION = 8
 OPSETS = (("", 17), ("com.microsoft", 1))
 # Bump when a graph's layout changes: the cached file is then rebuilt.
-GRAPH_LAYOUT = 4
+GRAPH_LAYOUT = 5
 # The largest int8 value: symmetric quantization, so -127..127 (zero point 0)...
 INT8_MAX = 127
 INV_INT8_MAX = np.array(1.0 / INT8_MAX, dtype=np.float32)
@@ -210,14 +210,18 @@ def minilm_graph(tensors: Mapping[str, np.ndarray], n_layers: int, heads: int, e
         qkv = g.op("Add", [qkv, g.const(f"l{i}.qkv_b", qkv_b)])
         q, k, v = f"l{i}.q", f"l{i}.k", f"l{i}.v"
         g.op("Split", [qkv, split], [q, k, v], axis=2)
-        ctx = g.op("MultiHeadAttention", [q, k, v, "", "lengths"], domain="com.microsoft", num_heads=heads, scale=1.0)
+        ctx = g.op("MultiHeadAttention", [q, k, v, "", "lengths", "bias"], domain="com.microsoft", num_heads=heads, scale=1.0)
         att = matmul(ctx, f"l{i}.out_w", f32(p + "attention.output.dense.weight").T)
         h1 = add_norm(att, x, f"l{i}.ln1", p + "attention.output.")
         inner = matmul(h1, f"l{i}.ff1_w", f32(p + "intermediate.dense.weight").T)
         inner = g.op("BiasGelu", [inner, g.const(f"l{i}.ff1_b", f32(p + "intermediate.dense.bias"))], domain="com.microsoft")
         y = matmul(inner, f"l{i}.ff2_w", f32(p + "output.dense.weight").T)
         x = add_norm(y, h1, f"l{i}.ln2", p + "output.", ["last"] if i == n_layers - 1 else None)
-    inputs = [value_info("hidden", np.float32, ["texts", "tokens", width]), value_info("lengths", np.int32, ["texts"])]
+    inputs = [
+        value_info("hidden", np.float32, ["texts", "tokens", width]),
+        value_info("lengths", np.int32, ["texts"]),
+        value_info("bias", np.float32, [1, 1, "tokens", "tokens"]),
+    ]
     return g.model(inputs, [value_info("last", np.float32, ["texts", "tokens", width])], "minilm")
 
 

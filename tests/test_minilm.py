@@ -470,6 +470,46 @@ def test_an_int8_vector_does_not_depend_on_the_texts_embedded_beside_it():
     assert np.array_equal(together, alone)
 
 
+def test_a_searchs_strings_run_packed_with_each_vector_its_own_runs(monkeypatch):
+    """A query and its alternatives in one run of the graph, each attending to itself only: the same vectors as one
+    run each, bit for bit here; a text past PACK_TOKENS runs alone."""
+    embedder = MiniLMEmbedder()
+    model = embedder.load()
+    texts = [*QUERIES[:5], "为什么数组的索引从 0 开始", "how does a binary search tree keep its balance " * 20]
+    assert model.packs_exactly()
+    runs: list[int] = []
+
+    class Recorder:
+        def __init__(self, session: Any) -> None:
+            self.session = session
+
+        def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> Any:
+            runs.append(int(feeds["hidden"].shape[1]))
+            return self.session.run(names, feeds)
+
+    monkeypatch.setattr(model, "session", Recorder(model.session))
+    packed = np.asarray(embedder.embed_queries(texts))
+    assert len(runs) == 2 and max(runs) > 128  # the short ones together, the long one alone
+    assert np.array_equal(packed, np.asarray(embedder.embed_documents(texts)))
+
+
+def test_a_machine_where_packing_moves_vectors_runs_each_query_string_alone(monkeypatch, caplog):
+    """The int8 product's row blocking belongs to the CPU: texts packed at any row moved by ~1e-3 here, so the check
+    fails and every string runs alone, with the same vectors as before."""
+    import logging
+
+    import kb_minilm
+
+    monkeypatch.setattr(kb_minilm, "PACK_ALIGN", 1)
+    embedder = MiniLMEmbedder()
+    model = embedder.load()
+    monkeypatch.setattr(model, "_packs", None)  # asked again, under the misaligned packing
+    with caplog.at_level(logging.INFO, logger="kb_minilm"):
+        got = np.asarray(embedder.embed_queries(QUERIES[:5]))
+    assert model.packs_exactly() is False and "alone" in caplog.text
+    assert np.array_equal(got, np.asarray(embedder.embed_documents(QUERIES[:5])))
+
+
 def test_graph_is_cached_per_user_under_its_digest_and_a_torn_or_altered_file_is_rebuilt(tmp_path, caplog):
     import logging
 
