@@ -510,6 +510,37 @@ def test_a_machine_where_packing_moves_vectors_runs_each_query_string_alone(monk
     assert np.array_equal(got, np.asarray(embedder.embed_documents(QUERIES[:5])))
 
 
+def test_every_session_allocates_from_the_process_one_arena_or_its_own_where_it_cannot(monkeypatch):
+    """One arena for the process (each session's own kept its largest run's memory: ~5 MB more for the pair); a
+    runtime that cannot register one leaves each session its own, and the sessions run either way."""
+    import onnxruntime as ort
+
+    import kb_kernels
+
+    def shared(session: Any) -> str:
+        try:
+            return session.get_session_options().get_session_config_entry("session.use_env_allocators")
+        except Exception:  # not set
+            return "0"
+
+    session = kb_kernels.matmul_session()
+    a, b = np.ones((3, 2), np.float32), np.ones((2, 2), np.float32)
+    assert shared(session) == "1" and kb_kernels._shared_arena_ready
+    assert np.array_equal(session.run(["y"], {"a": a, "b": b})[0], a @ b)
+
+    def refuse(*args: Any) -> None:
+        raise RuntimeError("this runtime has no shared allocators")
+
+    monkeypatch.setattr(kb_kernels, "_shared_arena_ready", False)
+    monkeypatch.setattr(ort, "create_and_register_allocator", refuse)
+    kb_kernels.matmul_session.cache_clear()
+    try:
+        alone = kb_kernels.matmul_session()
+        assert shared(alone) == "0" and np.array_equal(alone.run(["y"], {"a": a, "b": b})[0], a @ b)
+    finally:
+        kb_kernels.matmul_session.cache_clear()
+
+
 def test_graph_is_cached_per_user_under_its_digest_and_a_torn_or_altered_file_is_rebuilt(tmp_path, caplog):
     import logging
 
