@@ -44,8 +44,9 @@ CJK_CHARS_PER_WORD = 2
 # Every cosine to the sentence-transformers vector must reach this.
 MIN_COSINE = 0.9999
 # The int8 kernel's vectors to the float ones, each and on average (measured: 0.984 the lowest of this test's texts,
-# for "?"; 0.988 of 256 dev questions; 0.996 of 240 hello-algo chunks; mean 0.996-0.998. Quantizing each product's
-# input over the whole tensor gave a mean of 0.994; a miswired graph gives ~0.1-0.5).
+# for "?"; 0.988 of 256 dev questions; 0.996 of 240 hello-algo chunks, 0.993 with the norms unfused (revision 2);
+# mean 0.996-0.998. Quantizing each product's input over the whole tensor gave a mean of 0.994; a miswired graph
+# gives ~0.1-0.5).
 MIN_INT8_COSINE, MEAN_INT8_COSINE = 0.98, 0.995
 # The model's max_seq_length: longer chunks must be truncated exactly as sentence-transformers does.
 MAX_TOKENS = 256
