@@ -45,7 +45,7 @@ MINILM_MODEL_NAME = "all-MiniLM-L6-v2"
 # to this many tokens a pack; a longer text runs alone (attention grows with the square of a pack's length).
 PACK_TOKENS = 128
 # Each packed text starts at a multiple of this many rows (filler rows between): onnxruntime's int8 product gave a
-# text starting 2 rows past a multiple of 4 another vector (cosine 0.9995 to its own run's); aligned, the same to 6e-8.
+# text starting 2 rows past a multiple of 4 another vector (up to 0.014 away from its own run's); aligned, the same bits.
 PACK_ALIGN = 4
 # The attention bias between two texts of a pack: exp() of it is 0.
 PACK_MASKED = -1e4
@@ -577,8 +577,8 @@ class MiniLMModel:
 
     def encode_packed(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
         """encode_ids for a few short texts in one run of the graph (PACK_TOKENS): each text's own tokens, positions and
-        pooling, its attention masked to itself, so its vector is its own run's (to ~1e-7); numpy's pass without the
-        graph."""
+        pooling, its attention masked to itself, so its vector is its own run's (bit for bit here; packs_exactly checks
+        it on this machine); numpy's pass without the graph."""
         if self.session is None:
             return self.encode_ids(batch)
         rows: list[np.ndarray] = []
@@ -760,7 +760,7 @@ class MiniLMEmbedder:
 
     def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
         """Query vectors (no query prefix: queries embed as documents do), the short ones packed into runs of up to
-        PACK_TOKENS tokens (their vectors are their own runs', to ~1e-7)."""
+        PACK_TOKENS tokens where packing gives each text its own run's vector (packs_exactly)."""
         model = self.load()
         if len(texts) < 2 or not model.packs_exactly():
             return self.embed_documents(texts)
