@@ -253,6 +253,7 @@ def _unlock(args: argparse.Namespace, cfg: Config) -> int:
 
 def _status(args: argparse.Namespace, cfg: Config) -> int:
     store = open_auth_store(cfg)
+    locked_s = store.login_locked_for()
     info: dict[str, Any] = {
         "initialised": store.is_initialised(),
         "store": str(store.path),
@@ -260,9 +261,7 @@ def _status(args: argparse.Namespace, cfg: Config) -> int:
         "server.public_url": cfg.public_url or "(unset)",
         "connector URL": cfg.public_url.rstrip("/") + MCP_PATH if cfg.public_url else "(set server.public_url)",
         "clients": len(store.list_clients()),
-        "sign-in": f"locked for {-(-store.login_locked_for() // 60)} more min (`auth unlock` lifts it)"
-        if store.login_locked_for()
-        else "open",
+        "sign-in": f"locked for {-(-locked_s // 60)} more min (`auth unlock` lifts it)" if locked_s else "open",
     }
     for key, value in info.items():
         print(f"{key + ':':<19} {value}")

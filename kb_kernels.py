@@ -433,6 +433,30 @@ def matmul_session() -> Any | None:
     return open_session(g.model(inputs, [value_info("y", np.float32, ["rows", "columns"])], "matmul"), threads=1)
 
 
+def open_cached_graph(
+    cache_dir: Path | None, model: str, key: str, build: Callable[[], bytes], threads: int, check: Callable[[Any], str | None]
+) -> tuple[Any | None, str | None]:
+    """(a session over `model`'s graph, None), or (None, why it cannot run). The graph comes from the per-user cache
+    (cached_graph: built by `build` where missing); a cached one onnxruntime cannot open is removed and built once
+    more; a newly built one must pass `check` (session -> None, or why its vectors are off), else it is removed."""
+    for attempt in range(2):
+        graph, fresh, path = cached_graph(cache_dir, model, key, build)
+        try:
+            session = open_session(graph, threads)
+        except Exception as e:  # onnxruntime's own errors have no common base class
+            drop_graph(path)
+            if fresh or attempt:
+                return None, f"onnxruntime could not run its graph ({type(e).__name__}: {e})"
+            logger.info("rebuilding the cached %s graph %s, which onnxruntime could not open (%s)", model, path, e)
+            continue
+        failed = check(session) if fresh else None
+        if failed is not None:
+            drop_graph(path)
+            return None, failed
+        return session, None
+    raise AssertionError("unreachable: the second attempt returns")
+
+
 def drop_graph(path: Path | None) -> None:
     """Remove a cached graph that failed its check (rebuilt next time, after the cause is fixed)."""
     if path is not None:

@@ -28,10 +28,8 @@ from kb_files import atomic_write_with, drop_older_caches
 from kb_kernels import (
     MIN_GRAPH_COSINE,
     ORT_INSTALL_HINT,
-    cached_graph,
-    drop_graph,
     minilm_graph,
-    open_session,
+    open_cached_graph,
     runtime_version,
     warn_once,
 )
@@ -462,28 +460,18 @@ class MiniLMModel:
             give_up(f"onnxruntime is not installed ({ORT_INSTALL_HINT})")
             return None
         st = checkpoint.stat()
-        key = f"{st.st_size}-{st.st_mtime_ns}"
-        for attempt in range(2):  # a cached graph onnxruntime cannot open is removed and built once more
-            graph, fresh, path = cached_graph(
-                cache_dir, "minilm", key, lambda: minilm_graph(w, self.n_layers, self.heads, self.eps)
-            )
-            try:
-                session = open_session(graph, threads=1)
-            except Exception as e:  # onnxruntime's own errors have no common base class
-                drop_graph(path)
-                if fresh or attempt:
-                    give_up(f"onnxruntime could not run its graph ({type(e).__name__}: {e})")
-                    return None
-                logger.info("rebuilding %s's cached graph %s, which onnxruntime could not open (%s)", MINILM_MODEL_NAME, path, e)
-                continue
-            if fresh:
-                cosine = self._graph_cosine(session, checkpoint, w)
-                if not cosine >= MIN_GRAPH_COSINE:
-                    drop_graph(path)
-                    give_up(f"its graph's vectors have cosine {cosine:.3f} to the numpy pass's (< {MIN_GRAPH_COSINE})")
-                    return None
-            return session
-        return None
+
+        def check(session: Any) -> str | None:
+            cosine = self._graph_cosine(session, checkpoint, w)
+            if cosine >= MIN_GRAPH_COSINE:
+                return None
+            return f"its graph's vectors have cosine {cosine:.3f} to the numpy pass's (< {MIN_GRAPH_COSINE})"
+
+        build = lambda: minilm_graph(w, self.n_layers, self.heads, self.eps)  # noqa: E731
+        session, failed = open_cached_graph(cache_dir, "minilm", f"{st.st_size}-{st.st_mtime_ns}", build, 1, check)
+        if failed is not None:
+            give_up(failed)
+        return session
 
     def _graph_cosine(self, session: Any, checkpoint: Path, w: dict[str, np.ndarray]) -> float:
         """Lowest cosine between the graph's vectors and the numpy pass's on GRAPH_CHECK_TEXTS."""

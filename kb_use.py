@@ -36,9 +36,7 @@ from kb_config import ModelUnavailableError
 from kb_files import WordCounts, WordTableFile, atomic_write_bytes, atomic_write_with, drop_older_caches
 from kb_kernels import (
     ORT_INSTALL_HINT,
-    cached_graph,
-    drop_graph,
-    open_session,
+    open_cached_graph,
     runtime_version,
     use_graph,
     warn_once,
@@ -226,27 +224,18 @@ def _open_graph(backend: Any, key: str | None, cache_dir: Path | None, threads: 
         sample = np.asarray(backend.table[np.arange(0, backend.table.shape[0], TABLE_SAMPLE_STEP)])
         return use_graph(vars(backend), int(np.median(sample)), wheel._ORDERS, wheel._CNN_DIM)
 
-    for attempt in range(2):  # a cached graph onnxruntime cannot open is removed and built once more
-        graph, fresh, path = cached_graph(cache_dir, "use", key, build)
-        try:
-            session = open_session(graph, threads)
-        except Exception as e:  # onnxruntime's own errors have no common base class
-            drop_graph(path)
-            if fresh or attempt:
-                give_up(f"onnxruntime could not run its graph ({type(e).__name__}: {e})")
-                return None
-            logger.info("rebuilding the USE graph %s, which onnxruntime could not open (%s)", path, e)
-            continue
-        if fresh:
-            want = backend.encode(list(GRAPH_CHECK_TEXTS))
-            got = UseEncoder(backend, session, threads).encode(GRAPH_CHECK_TEXTS)
-            cosine = float((got * want).sum(axis=1).min())
-            if not cosine >= MIN_USE_GRAPH_COSINE:
-                drop_graph(path)
-                give_up(f"its graph's vectors have cosine {cosine:.4f} to the wheel's (< {MIN_USE_GRAPH_COSINE})")
-                return None
-        return session
-    return None
+    def check(session: Any) -> str | None:
+        want = backend.encode(list(GRAPH_CHECK_TEXTS))
+        got = UseEncoder(backend, session, threads).encode(GRAPH_CHECK_TEXTS)
+        cosine = float((got * want).sum(axis=1).min())
+        if cosine >= MIN_USE_GRAPH_COSINE:
+            return None
+        return f"its graph's vectors have cosine {cosine:.4f} to the wheel's (< {MIN_USE_GRAPH_COSINE})"
+
+    session, failed = open_cached_graph(cache_dir, "use", key, build, threads, check)
+    if failed is not None:
+        give_up(failed)
+    return session
 
 
 def _cache_key(resources: Path) -> str | None:

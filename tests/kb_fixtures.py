@@ -200,24 +200,36 @@ class HttpServer:
             stdout=subprocess.DEVNULL,
             stderr=log.open("w", encoding="utf-8"),
         )
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text(encoding="utf-8")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"the HTTP server did not open port {port}: {log.read_text(encoding='utf-8')}")
+
+        def listening() -> bool:
+            assert self.proc.poll() is None, log.read_text(encoding="utf-8")  # it exited: say why
+            return answers(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.5).close())
+
+        if not wait_until(listening, self.START_TIMEOUT_S):
+            self.stop()
+            pytest.fail(f"the HTTP server did not open port {port}: {log.read_text(encoding='utf-8')}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 15)
+
+
+def answers(probe: Callable[[], object]) -> bool:
+    """Whether `probe` (a connection, a request) goes through, rather than raising OSError."""
+    try:
+        probe()
+    except OSError:
+        return False
+    return True
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Terminate a server a test started, killing it if it is still there after `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Clock:

@@ -7,16 +7,14 @@ only a server can do: be down, come back, and be shared by two processes.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kb_fixtures import make_config
+from kb_fixtures import answers, free_port, make_config, stop_process, wait_until
 from test_ingest import (  # noqa: F401  (collected here, with this module's make_engine)
     assert_consistent,
     test_rebuild_clears_and_reindexes,
@@ -40,17 +38,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ChromaServer:
     """A `chroma run` subprocess on a free port with its data in a temp folder; stop() and start() again."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.port = path, _free_port()
+        self.path, self.port = path, free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -60,24 +52,14 @@ class ChromaServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/heartbeat", timeout=1).read()
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"chroma run did not answer on port {self.port} within {START_TIMEOUT_S} s")
+        heartbeat = f"http://127.0.0.1:{self.port}/api/v2/heartbeat"
+        if not wait_until(lambda: answers(lambda: urllib.request.urlopen(heartbeat, timeout=1).read()), START_TIMEOUT_S):
+            self.stop()
+            pytest.fail(f"chroma run did not answer on port {self.port} within {START_TIMEOUT_S} s")
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, 10)
             self.proc = None
 
 
