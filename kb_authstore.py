@@ -441,7 +441,8 @@ class AuthStore:
         resource: str | None,
         state: str | None = None,
     ) -> str:
-        """A new one-use authorization code, valid CODE_TTL_S; only its SHA-256 is kept."""
+        """A new one-use authorization code for the scopes the owner allowed on the consent page, valid CODE_TTL_S; only
+        its SHA-256 is kept. Audited as "consent" (client and scopes, never the code)."""
         code = secrets.token_urlsafe(TOKEN_BYTES)
         with self._hold() as s:
             self._require_client(s, client_id)
@@ -457,8 +458,17 @@ class AuthStore:
                 secrets.token_hex(16),
             )
             s["codes"][_digest(code)] = asdict(grant) | {"consumed": False}
+            name = s["clients"][client_id]["info"].get("client_name")
+            self._event("consent", {"client_id": client_id, "client_name": name, "scopes": list(scopes)})
             self._save()
         return code
+
+    def deny_consent(self, client_id: str) -> None:
+        """Record that the owner denied `client_id` on the consent page (audited as "consent_denied"; nothing stored)."""
+        with self._hold() as s:
+            client = s["clients"].get(client_id)
+            name = client["info"].get("client_name") if client else None
+            self._event("consent_denied", {"client_id": client_id, "client_name": name})
 
     def load_code(self, code: str) -> CodeRecord | None:
         """The code's grant, or None if unknown or expired; a consumed code is a replay and revokes its tokens."""

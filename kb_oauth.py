@@ -55,6 +55,8 @@ _Client = OAuthClientInformationFull  # a registered client, as the SDK hands it
 SUBJECT = "owner"
 # The MCP endpoint (the protected resource).
 MCP_PATH = "/mcp"
+# RFC 9728 protected-resource metadata without the resource's path: the same document as at the suffixed URL.
+RESOURCE_METADATA_PATH = "/.well-known/oauth-protected-resource"
 # At most this many /authorize requests wait at once (the oldest is dropped).
 MAX_PARKED = 200
 # The SDK's own DNS-rebinding defaults for a loopback server.
@@ -280,11 +282,14 @@ def oauth_app(
     security = _transport_security(public_url, allowed_hosts)
     inner = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security, host=host)
     protected = RequireAuthMiddleware(inner, [READ_SCOPE], build_resource_metadata_url(resource_url))
+    # At /.well-known/oauth-protected-resource/mcp (the SDK's route), and at the plain URL for clients that look there.
+    resource_metadata = create_protected_resource_routes(resource_url, [issuer_url], scopes_supported=list(SCOPES))
+    resource_metadata += [Route(RESOURCE_METADATA_PATH, r.endpoint, methods=r.methods) for r in resource_metadata]
     routes = [
         *create_auth_routes(
             provider, issuer_url, client_registration_options=registration, revocation_options=RevocationOptions(enabled=True)
         ),
-        *create_protected_resource_routes(resource_url, [issuer_url], scopes_supported=list(SCOPES)),
+        *resource_metadata,
         *SignInPages(provider).routes(),
         # The inner app routes on scope["path"], which a plain Route leaves as "/mcp".
         Route(MCP_PATH, endpoint=protected),

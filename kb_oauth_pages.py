@@ -161,6 +161,7 @@ class SignInPages:
         params, redirect_uri = parked.params, str(parked.params.redirect_uri)
         if _field(form, "decision") != "allow":
             logger.info("the owner denied client %s", parked.client_id)
+            self.store.deny_consent(parked.client_id)
             back = construct_redirect_uri(redirect_uri, error="access_denied", state=params.state, iss=self.public_url)
         else:
             offered, _ = _offered_scopes(params.scopes)

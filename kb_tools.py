@@ -448,7 +448,7 @@ class KnowledgeBase:
             "model_loading": not self.live.model_ready.is_set(),
             "sync_running": engine.syncing,
             "last_sync": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(engine.last_sync_at)) if engine.last_sync_at else None,
-            "writable": [w for w in self.cfg.writable if not private.covers(w, None)],
+            "writable": [w for w in self.cfg.writable if not private.covers(w, engine.view.record(w))],  # by path or property
             "creatable": [c for c in self.cfg.creatable if not private.covers(c, None)],
             "vault": engine.vault_profile(visible=visible),
             "private_notes": "hidden: this client was not granted notes:private",

@@ -321,6 +321,25 @@ def test_consume_code_returns_the_grant_once(store):
     assert store.load_code("not-a-code") is None
 
 
+def test_create_code_records_the_consent_without_the_code(store, events):
+    _client(store)
+    code = _code(store)
+    assert events[-1] == ("consent", {"client_id": "c1", "client_name": "Claude", "scopes": ["notes"]})
+    assert code not in repr(events)
+
+
+def test_deny_consent_records_the_denial_and_stores_nothing(store, events):
+    _client(store)
+    before = store.path.read_bytes()
+    store.deny_consent("c1")
+    store.deny_consent("gone")  # a client revoked while the owner read the page: still recorded
+    assert events[-2:] == [
+        ("consent_denied", {"client_id": "c1", "client_name": "Claude"}),
+        ("consent_denied", {"client_id": "gone", "client_name": None}),
+    ]
+    assert store.path.read_bytes() == before
+
+
 def test_load_code_expires_after_five_minutes(store, clock):
     _client(store)
     code = _code(store)

@@ -65,7 +65,8 @@ def _mcp_server() -> MCPServer:
 
 @dataclass
 class Served:
-    """A running oauth_app: where it listens, what it calls itself, its store, clock and the owner's TOTP secret."""
+    """A running oauth_app: where it listens, what it calls itself, its store, clock, the owner's TOTP secret and the
+    store's audit events."""
 
     local: str
     public: str
@@ -73,6 +74,7 @@ class Served:
     clock: Clock
     secret: str
     requests: list[tuple[str, str, int, str | None]] = field(default_factory=list)
+    events: list[tuple[str, dict]] = field(default_factory=list)
 
     def next_code(self) -> str:
         """A TOTP code not used before: one step later than the last one."""
@@ -85,9 +87,9 @@ def _serve(tmp_path: Path, public_url: str | None = None) -> Iterator[Served]:
     """oauth_app on 127.0.0.1 (uvicorn in a thread); `public_url` defaults to the local address."""
     port = free_port()
     local = f"http://127.0.0.1:{port}"
-    clock = Clock()
-    store = AuthStore(tmp_path / "auth", now=clock)
-    served = Served(local, public_url or local, store, clock, store.set_owner(PASSPHRASE).secret_b32)
+    clock, events = Clock(), []
+    store = AuthStore(tmp_path / "auth", now=clock, on_event=lambda name, detail: events.append((name, detail)))
+    served = Served(local, public_url or local, store, clock, store.set_owner(PASSPHRASE).secret_b32, events=events)
     app = oauth_app(_mcp_server(), store, served.public, "127.0.0.1", on_request=lambda *seen: served.requests.append(seen))
     with serving(app, port):
         yield served
@@ -463,6 +465,9 @@ def test_consent_grants_only_offered_scopes_and_always_read(served):
             # Asked for append only; the form is tampered with to add notes:private, which was never offered.
             url = _authorize_url(served, client, challenge, scope="notes:append")
             q = await _authorize_in_browser(http, served, url, add=["notes:private"])
+            consent = [(d["client_id"], d["client_name"], d["scopes"]) for name, d in served.events if name == "consent"]
+            assert consent == [(client["client_id"], "raw client", ["notes:read", "notes:append"])]
+            assert q["code"] not in repr(served.events)
             r = await _exchange(http, served, client, q["code"], verifier)
             assert r.status_code == 200 and r.json()["scope"] == "notes:read notes:append"
 
@@ -479,6 +484,8 @@ def test_consent_deny_redirects_with_access_denied_and_spends_the_request(served
             assert r.status_code == 302
             assert _query(r.headers["location"]) == {"error": "access_denied", "state": "s1", "iss": served.public}
             assert (await http.get(consent_url)).status_code == 400
+            decided = [(name, detail["client_id"]) for name, detail in served.events if name.startswith("consent")]
+            assert decided == [("consent_denied", client["client_id"])]
 
     anyio.run(main)
 
@@ -672,6 +679,22 @@ def test_metadata_urls_come_from_public_url_not_the_host_header(tunnel):
                 r = await http.post(tunnel.local + "/mcp", json=INIT, headers={**MCP_HEADERS, "Host": host})
                 assert r.status_code == 401
                 assert f'resource_metadata="{public}/.well-known/oauth-protected-resource/mcp"' in r.headers["www-authenticate"]
+
+    anyio.run(main)
+
+
+def test_protected_resource_metadata_is_served_with_and_without_the_mcp_suffix(tunnel):
+    public = "https://notes.example.com"
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            got = []
+            for path in ("/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"):
+                r = await http.get(tunnel.local + path, headers={"Host": "evil.example"})
+                assert r.status_code == 200, (path, r.status_code)
+                got.append(r.json())
+            assert got[0] == got[1]
+            assert got[0]["resource"] == public + "/mcp" and got[0]["authorization_servers"] == [public]
 
     anyio.run(main)
 

@@ -95,9 +95,11 @@ def test_oauth_flow_serves_the_real_tools_and_audits_without_secrets(tmp_path):
     assert [(r["client_id"], r["client_name"], r["ok"]) for r in searches] == [(info.client_id, CLIENT_NAME, True)]
     assert "projects/kestrel.md" in searches[0]["paths"] and searches[0]["transport"] == "http"
     events = [r for r in records if r["kind"] == "auth"]
-    assert [r["event"] for r in events] == ["registration", "login", "revocation", "login"]
+    assert [r["event"] for r in events] == ["registration", "login", "consent", "revocation", "login", "consent"]
     assert events[0]["client_id"] == info.client_id and events[0]["client_name"] == CLIENT_NAME
-    assert events[2]["client_id"] == info.client_id
+    assert events[3]["client_id"] == info.client_id
+    consents = [(r["client_id"], r["client_name"], r["scopes"]) for r in events if r["event"] == "consent"]
+    assert consents == [(info.client_id, CLIENT_NAME, ["notes:read"])] * 2  # what was granted, never the code
     assert [sorted(r) for r in events if r["event"] == "login"] == [["event", "kind", "ts"]] * 2  # no TOTP code, nothing
     secrets = [PASSPHRASE, info.client_secret, *browser.codes]
     secrets += [t for pair in issued for t in (pair.access_token, pair.refresh_token) if t]

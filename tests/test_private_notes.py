@@ -32,6 +32,10 @@ from kb_vectors import HashEmbedder
 # A secret shaped like an Anthropic key, built here so no literal key sits in the source.
 SECRET = "sk-ant-api03-" + "Q7x" * 30 + "AA"
 PRIVATE_WORD = "albatross"  # only in private notes: finding it anywhere in a reply is a leak
+# Longest wait for a knowledge base's start-up (sync and embedding with the hash embedder: well under a second).
+STARTUP_WAIT_S = 60
+# Code both notes of a translated pair hold.
+COMMANDS = "`kubectl rollout undo deployment/web` `kubectl rollout history deployment/web` `kubectl rollout status`"
 READ, APPEND, PRIVATE = "notes:read", "notes:append", "notes:private"
 
 pytestmark = pytest.mark.usefixtures("cheap_scrypt")
@@ -47,6 +51,7 @@ def _vault(root: Path) -> Path:
     )
     write_note(root, "projects/launch log.md", "# Launch log\n\nKestrel launch went well. Back to [[Kestrel launch]].\n")
     write_note(root, "Private/Secret plan.md", f"# Secret plan\n\nKestrel launch code word: {PRIVATE_WORD}.\n")
+    write_note(root, "Private/todo.md", f"# Todo\n\n- {PRIVATE_WORD} feeder\n")  # private by its path, and writable
     write_note(
         root,
         "projects/diary.md",
@@ -70,13 +75,35 @@ class Served:
         return self.store.issue_tokens(client_id, list(scopes), self.url).access_token
 
 
+def _translated_vault(root: Path) -> Path:
+    """Forty other notes, an English note and its Chinese translation (same path in the other language's folder, same
+    headings), the translation private by its properties (kb_background.translations pairs them)."""
+    for i in range(40):
+        words = " ".join(f"topic{i}word{j}" for j in range(2 + i % 16))
+        write_note(root, f"note{i:02}.md", f"# Note {i}\n\nbroken release {i}: {words}\n")
+    write_note(root, "en/rollback.md", f"# Roll back a release\n\nRoll back a broken release: {COMMANDS}\n")
+    write_note(root, "zh/rollback.md", f"---\nvisibility: private\n---\n# 回滚\n\n发布失败时回滚到上一个版本：{COMMANDS}\n")
+    return root
+
+
+def _kb(tmp_path: Path, vault: Path | None = None, embedder: Any = None, **overrides: Any) -> KnowledgeBase:
+    """The knowledge base over `vault` (default: _vault's notes), Private/** private, two private notes writable (one
+    private by its path, one by its properties); `overrides` replace Config fields."""
+    vault = vault or _vault(tmp_path / "vault")
+    cfg = make_config(
+        vault, tmp_path / "data", private_paths=("Private/**",), writable=("inbox.md", "Private/todo.md", "projects/diary.md")
+    )
+    cfg = replace(cfg, **overrides) if overrides else cfg
+    return KnowledgeBase(cfg, embedder or HashEmbedder())
+
+
 @contextlib.contextmanager
-def _serve(tmp_path: Path, now: Callable[[], float] = time.time) -> Iterator[Served]:
+def _serve(
+    tmp_path: Path, now: Callable[[], float] = time.time, vault: Path | None = None, embedder: Any = None, **overrides: Any
+) -> Iterator[Served]:
     """build_server's real tools behind oauth_app on 127.0.0.1 (uvicorn in a thread); the store's events go to the audit
-    log as kb_http wires them, its clock is `now`."""
-    vault = _vault(tmp_path / "vault")
-    cfg = replace(make_config(vault, tmp_path / "data"), private_paths=("Private/**",), writable=("inbox.md", "Private/todo.md"))
-    kb = KnowledgeBase(cfg, HashEmbedder())
+    log as kb_http wires them, its clock is `now`; `overrides` replace Config fields (e.g. redact)."""
+    kb = _kb(tmp_path, vault, embedder, **overrides)
     audit = AuditLog(tmp_path / "auth", mask=redact)
     store = AuthStore(tmp_path / "auth", now=now, on_event=lambda event, detail: audit.record_auth(event, **detail))
     secret = store.set_owner(PASSPHRASE).secret_b32
@@ -102,18 +129,33 @@ def served(tmp_path_factory) -> Iterator[Served]:
         yield s
 
 
+async def _each(client: Client, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, str, Any]]:
+    out = []
+    for name, args in calls:
+        r = await client.call_tool(name, args)
+        text = "\n".join(getattr(c, "text", "") for c in r.content)
+        out.append((r.is_error, text, r.structured_content))
+    return out
+
+
 def _calls(url: str, token: str, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, str, Any]]:
     """Each (tool, arguments) called in one session with `token`: (is_error, text, structured content)."""
 
     async def go() -> list[tuple[bool, str, Any]]:
-        out = []
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
             async with Client(streamable_http_client(url, http_client=http)) as client:
-                for name, args in calls:
-                    r = await client.call_tool(name, args)
-                    text = "\n".join(getattr(c, "text", "") for c in r.content)
-                    out.append((r.is_error, text, r.structured_content))
-        return out
+                return await _each(client, calls)
+
+    return anyio.run(go)
+
+
+def _owner_calls(kb: KnowledgeBase, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, str, Any]]:
+    """Each (tool, arguments) called as a stdio session calls it: build_server's tools with no access token (the
+    owner, kb_remote.access_of(None, ...)), through the SDK's client in memory."""
+
+    async def go() -> list[tuple[bool, str, Any]]:
+        async with Client(mcp_server.build_server(kb), read_timeout_seconds=60) as client:
+            return await _each(client, calls)
 
     return anyio.run(go)
 
@@ -171,14 +213,29 @@ def test_a_client_with_notes_private_and_the_owner_see_private_notes(served):
         [("search_my_knowledge_base", {"query": "kestrel launch code word"}), ("read_note", {"path": "Private/Secret plan.md"})],
     )
     assert "Private/Secret plan.md" in found and PRIVATE_WORD in read
-    owner, _ = served.kb.read_note("Private/Secret plan.md", None, 1)  # stdio: no token, the owner
-    assert PRIVATE_WORD in owner
+    owner = _owner_calls(
+        served.kb,
+        [
+            ("search_my_knowledge_base", {"query": "kestrel launch code word"}),
+            ("read_note", {"path": "Private/Secret plan.md"}),
+            ("list_notes", {"path_prefix": "Private/"}),
+            ("related_notes", {"path": "projects/kestrel.md"}),
+        ],
+    )
+    assert not any(is_error for is_error, _, _ in owner), owner
+    (_, found, _), (_, read, _), (_, listed, _), (_, related, _) = owner
+    assert "Private/Secret plan.md" in found and PRIVATE_WORD in read
+    assert "Private/Secret plan.md" in listed and "Private/Secret plan.md" in related
 
 
 def test_append_needs_notes_append_and_never_reaches_a_private_note(served):
     reader, writer = served.token(READ), served.token(READ, APPEND)
     ((refused, text, _),) = _calls(served.url, reader, [("update_knowledge_base", {"path": "inbox.md", "content": "- x"})])
     assert refused and "notes:append" in text
+    # The private note exists and is writable: only the private-note guard stands between it and the append.
+    todo = served.kb.cfg.kb_dir / "Private" / "todo.md"
+    before = todo.read_bytes()
+    assert "Private/todo.md" in served.kb.cfg.writable
     (ok, done, _), (private, why, _) = _calls(
         served.url,
         writer,
@@ -187,15 +244,52 @@ def test_append_needs_notes_append_and_never_reaches_a_private_note(served):
             ("update_knowledge_base", {"path": "Private/todo.md", "content": "- leak?"}),
         ],
     )
-    assert not ok and "Appended" in done and private and "does not exist" in why
-    assert not (served.kb.cfg.kb_dir / "Private" / "todo.md").exists()
+    assert not ok and "Appended" in done and private and "note 'Private/todo.md' does not exist" in why, why
+    assert todo.read_bytes() == before
 
 
 def test_replies_to_oauth_clients_mask_secrets_and_the_owner_sees_them(served):
     ((_, text, data),) = _calls(served.url, served.token(READ), [("read_note", {"path": "projects/kestrel.md"})])
     assert SECRET not in text + json.dumps(data) and "[redacted: anthropic key]" in text
-    owner, _ = served.kb.read_note("projects/kestrel.md", None, 1)
-    assert SECRET in owner
+    ((_, owner, _),) = _owner_calls(served.kb, [("read_note", {"path": "projects/kestrel.md"})])
+    assert SECRET in owner and "[redacted" not in owner
+
+
+@pytest.mark.parametrize(
+    ("mode", "caller", "masked"),
+    [
+        ("remote", "owner", False),
+        ("remote", "client", True),
+        ("never", "owner", False),
+        ("never", "client", False),
+        ("always", "owner", True),
+        ("always", "client", True),
+    ],
+)
+def test_server_redact_masks_a_reply_only_when_the_mode_covers_its_caller(tmp_path, mode, caller, masked):
+    read = [("read_note", {"path": "projects/kestrel.md"})]
+    with _serve(tmp_path, redact=mode) as s:
+        ((is_error, text, data),) = _owner_calls(s.kb, read) if caller == "owner" else _calls(s.url, s.token(READ), read)
+    assert not is_error, text
+    blob = text + json.dumps(data)
+    assert (SECRET not in blob) is masked and ("[redacted: anthropic key]" in text) is masked, text
+
+
+def test_search_never_names_a_private_translation_to_a_client_without_notes_private(tmp_path):
+    """A found note's translation comes from the translation step (kb_background.translations, a multilingual model
+    only), not from the filtered lists: it must be filtered there too."""
+    vault = _translated_vault(tmp_path / "tr")
+    query = [("search_my_knowledge_base", {"query": "roll back a broken release", "mode": "hybrid", "top_k": 5})]
+    with _serve(tmp_path, vault=vault, embedder=HashEmbedder(name="multilingual-hash")) as s:
+        s.kb.start()  # (once: the server's lifespan started it too) the step needs every note's vectors
+        assert s.kb.live.startup_done.wait(STARTUP_WAIT_S) and s.kb.live.engine.pending_vectors == 0
+        ((_, _, owner),) = _owner_calls(s.kb, query)
+        ((_, _, allowed),) = _calls(s.url, s.token(READ, PRIVATE), query)
+        ((is_error, text, data),) = _calls(s.url, s.token(READ), query)
+    for seen in (owner, allowed):  # the step runs: the private note is the English one's translation
+        assert (seen["hits"][0]["path"], seen["hits"][0]["translation"]) == ("en/rollback.md", "zh/rollback.md")
+    assert not is_error and data["hits"][0]["path"] == "en/rollback.md"
+    assert "zh/rollback.md" not in text + json.dumps(data, ensure_ascii=False) and "回滚" not in text
 
 
 def test_every_tool_call_leaves_one_audit_line_without_secrets(served):
