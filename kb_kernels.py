@@ -398,9 +398,10 @@ def _share_one_arena(ort: Any) -> bool:
         return True
 
 
-def open_session(graph: bytes, threads: int) -> Any:
-    """An onnxruntime CPU session over a graph's bytes: `threads` threads per run that sleep between runs
-    (spinning ones steal a busy core), every graph optimisation, errors-only logging, the process's one arena."""
+def open_session(graph: bytes | str, threads: int) -> Any:
+    """An onnxruntime CPU session over a graph (its bytes, or its file's path): `threads` threads per run that sleep
+    between runs (spinning ones steal a busy core), every graph optimisation, errors-only logging, the process's one
+    arena."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -441,8 +442,13 @@ def open_cached_graph(
     more; a newly built one must pass `check` (session -> None, or why its vectors are off), else it is removed."""
     for attempt in range(2):
         graph, fresh, path = cached_graph(cache_dir, model, key, build)
+        # From its file where cached: a session made from bytes keeps them for its life (onnxruntime's
+        # InferenceSession._model_bytes), MiniLM's 10 MB in every process beside the weights it parsed from them. The
+        # file's bytes were just checked against its name.
+        source: bytes | str = graph if path is None else str(path)
+        del graph
         try:
-            session = open_session(graph, threads)
+            session = open_session(source, threads)
         except Exception as e:  # onnxruntime's own errors have no common base class
             drop_graph(path)
             if fresh or attempt:

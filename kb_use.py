@@ -58,6 +58,9 @@ TABLE_SUFFIX, PIECES_SUFFIX, STATE_SUFFIX = ".table.npy", ".pieces.bin", ".state
 # limiter (a per-process handle, made again on load); its tokenizer is stored without its two tables.
 TABLE_ATTR, POOL_ATTR, TOKENIZER_ATTR = "table", "_threadpool", "sp"
 PREFIXES_ATTR, PIECES_ATTR = "_prefixes", "_pieces"
+# The NumpyBackend attributes only its token-level layers read (6.5 MB of float32): where the int8 graph runs those
+# layers they are dropped; the per-text head (cnn_W, d0...) stays.
+TOKEN_LAYER_ATTRS = ("proj_W", "proj_b", "ln_g_all", "ln_b_all", "w1", "b1", "w2", "b2", "ln_g", "ln_b")
 # One build at a time in this process (the server's start-up thread and an ingest's embedder may both load).
 _BUILD_LOCK = threading.Lock()
 # Which kernel runs the token-level layers: "auto" (the int8 onnxruntime graph where it can run, else the wheel's
@@ -168,6 +171,9 @@ def load_use(cache_dir: Path | None, threads: int, kernel: str = "auto") -> UseE
     key = _cache_key(resources)
     backend = _load_backend(resources, key, cache_dir, threads)
     session = None if kernel == "numpy" else _open_graph(backend, key, cache_dir, threads, strict=kernel == "int8")
+    if session is not None:  # the graph holds them in int8: the float copies would only sit in every process's memory
+        for name in TOKEN_LAYER_ATTRS:
+            setattr(backend, name, None)
     return UseEncoder(backend, session, threads)
 
 

@@ -156,3 +156,45 @@ def test_use_refuses_an_unknown_kernel(tmp_path):
 
     with pytest.raises(ValueError, match="kernel 'gpu' is not one of auto, int8, numpy"):
         load_use(tmp_path, 1, "gpu")
+
+
+def test_a_session_opened_from_the_graph_cache_keeps_no_copy_of_the_graphs_bytes(tmp_path):
+    """A cached graph is opened from its file: a session made from bytes keeps them for its life (onnxruntime's
+    InferenceSession._model_bytes), MiniLM's 10 MB in every process beside the weights parsed from them."""
+    import tracemalloc
+
+    from kb_kernels import GraphWriter, open_cached_graph, value_info
+
+    weights = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024) / 1e6  # 2 MB
+
+    def build() -> bytes:
+        g = GraphWriter()
+        g.op("MatMul", ["a", g.const("w", weights)], ["y"])
+        return g.model([value_info("a", np.float32, ["rows", 512])], [value_info("y", np.float32, ["rows", 1024])], "big")
+
+    built, failed = open_cached_graph(tmp_path, "big", "key", build, 1, lambda session: None)
+    assert failed is None and len(list(tmp_path.glob("*big*.onnx"))) == 1
+    del built
+    tracemalloc.start()
+    try:
+        session, failed = open_cached_graph(tmp_path, "big", "key", build, 1, lambda session: None)
+        held = sum(trace.size for trace in tracemalloc.take_snapshot().traces)  # Python's blocks made then and still alive
+    finally:
+        tracemalloc.stop()
+    assert failed is None
+    a = np.ones((2, 512), dtype=np.float32)
+    assert np.allclose(session.run(["y"], {"a": a})[0], a @ weights, rtol=1e-5)
+    assert held < weights.nbytes // 4, f"{held} bytes still held after the open"
+
+
+def _float_bytes(value) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes if value.dtype == np.float32 else 0
+    return sum(map(_float_bytes, value)) if isinstance(value, (list, tuple)) else 0
+
+
+def test_the_graphs_encoder_holds_no_float_copy_of_the_layers_the_graph_runs(encoders):
+    graph, wheel = encoders
+    held = {name: sum(map(_float_bytes, vars(e.backend).values())) for name, e in (("graph", graph), ("wheel", wheel))}
+    assert held["wheel"] - held["graph"] >= 6_000_000, held  # the projection and n-gram layers: 6.5 MB
+    assert held["graph"] >= 6_000_000, held  # the per-text head stays: 6.4 MB
