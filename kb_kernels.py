@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import math
 import struct
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -51,6 +52,8 @@ MIN_GRAPH_COSINE = 0.97
 ORT_LOG_ERRORS = 3
 # onnxruntime's graph rewrites a session leaves out (open_session says why).
 UNFUSED = ["SkipLayerNormFusion"]
+# A run with this option ends by freeing the regions of the CPU arena no tensor holds (release_arena).
+SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
 
 # ---- the ONNX writer ------------------------------------------------------------------------------------------------
@@ -432,6 +435,29 @@ def matmul_session() -> Any | None:
     g.op("MatMul", ["a", "b"], ["y"])
     inputs = [value_info("a", np.float32, ["rows", "width"]), value_info("b", np.float32, ["width", "columns"])]
     return open_session(g.model(inputs, [value_info("y", np.float32, ["rows", "columns"])], "matmul"), threads=1)
+
+
+def release_arena() -> None:
+    """Free what the process's one onnxruntime arena holds but no run is using, for the allocator to return (kb_live
+    trims it right after). The arena keeps what its largest run grew it to: a note's 256-token chunks make MiniLM's
+    16 MB, which a server otherwise held for its life while its queries need a third of it. Not for every run: the
+    next run grows it again (~2 ms for 16 MB). A no-op where onnxruntime was never loaded or sessions keep arenas of
+    their own (an older runtime)."""
+    if "onnxruntime" not in sys.modules or not _shared_arena_ready:
+        return
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry(*SHRINK_ARENA)
+    _shrinking_session().run(["y"], {"x": np.zeros(1, dtype=np.float32)}, options)  # any session: they share the arena
+
+
+@functools.lru_cache(maxsize=1)
+def _shrinking_session() -> Any:
+    """A one-node session (Identity) whose runs shrink the arena it shares with the models' sessions."""
+    g = GraphWriter()
+    g.op("Identity", ["x"], ["y"])
+    return open_session(g.model([value_info("x", np.float32, [1])], [value_info("y", np.float32, [1])], "shrink"), threads=1)
 
 
 def open_cached_graph(

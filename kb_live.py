@@ -1,7 +1,7 @@
 """The server's live index: the engine built in a background thread (a keyword answer first, the model after), and
 freshness: file events name the notes a search re-checks, a full stat walk is the fallback and a periodic audit.
 
-Imports: kb_config, kb_scan, kb_state; lazily: kb_engine, kb_search, kb_vectors, kb_watch.
+Imports: kb_config, kb_scan, kb_state; lazily: kb_engine, kb_search, kb_vectors, kb_watch, kb_kernels.
 """
 
 from __future__ import annotations
@@ -95,7 +95,11 @@ def use_one_malloc_arena() -> None:
 
 def _return_freed_memory() -> None:
     """Give the OS back the memory a save of the view or a commit just freed: glibc's malloc keeps it in the process
-    (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it)."""
+    (on tldr 50 MB after a save, for the server's life, and the next commit's peak came on top of it). The models'
+    runtime arena goes first: a note's chunks grew it to 16 MB that the server's queries never use."""
+    from kb_kernels import release_arena  # numpy's import: by now the view has made it
+
+    release_arena()
     trim = _libc("malloc_trim")
     if trim:
         trim(0)
@@ -240,6 +244,7 @@ class LiveIndex:
                 self._schedule_save()
             if engine.model_error is None:
                 engine.embed_pending()
+            _return_freed_memory()  # the load's and the warm-up's transient memory, and the notes' runs' arena
         except Exception:
             logger.exception("start-up sync failed; the next search retries")
 
@@ -463,6 +468,7 @@ class LiveIndex:
     def _embed_pending(self) -> None:
         try:
             self.engine.embed_pending()
+            _return_freed_memory()
         except Exception:
             logger.exception("embedding the changed notes failed; the next sync retries")
         finally:

@@ -81,7 +81,7 @@ ALLOWED = {
         "kb_view",
     },
     "kb_write": {"kb_config", "kb_files", "kb_scan", "kb_text", "kb_chunk", "kb_state"},
-    "kb_live": {"kb_config", "kb_scan", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch"},
+    "kb_live": {"kb_config", "kb_scan", "kb_state", "kb_engine", "kb_search", "kb_vectors", "kb_watch", "kb_kernels"},
     # The tools' logic: everything below the entry scripts, never the transport.
     "kb_tools": {
         "kb_config",

@@ -413,6 +413,21 @@ def test_the_servers_memory_calls_are_skipped_where_there_is_no_glibc(monkeypatc
     assert calls == [("malloc_trim", (0,))]
 
 
+def test_an_edit_the_search_commits_frees_the_models_arena_and_malloc_s_free_memory(kb, small_vault, monkeypatch):
+    """A note's chunks grow the models' runtime arena past what queries use (MiniLM's 256 tokens: 16 MB): once the
+    edit is committed, the server hands it back, then trims malloc."""
+    import kb_kernels
+
+    calls = []
+    monkeypatch.setattr(kb_kernels, "release_arena", lambda: calls.append("arena"))
+    monkeypatch.setattr(kb_live, "_libc", lambda name: (lambda *args: calls.append(name)) if name == "malloc_trim" else None)
+    edit: dict[str, tuple[str, str]] = {}
+    _after_event(kb, lambda: edit.setdefault("made", _edit_in_place(small_vault)))
+    query, path = edit["made"]
+    assert _hits(kb, query)[:1] == [path]
+    assert calls[:2] == ["arena", "malloc_trim"], calls
+
+
 def test_edit_before_the_model_loads_is_searchable_at_once_and_embedded_later(small_vault, tmp_path):
     model = _SlowModel()
     kb = mcp_server.KnowledgeBase(make_config(small_vault, tmp_path / "data"), embedder=model)

@@ -4,6 +4,8 @@ independent of the texts run beside it, cached per user, and the wheel's pass wh
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +200,30 @@ def test_the_graphs_encoder_holds_no_float_copy_of_the_layers_the_graph_runs(enc
     held = {name: sum(map(_float_bytes, vars(e.backend).values())) for name, e in (("graph", graph), ("wheel", wheel))}
     assert held["wheel"] - held["graph"] >= 6_000_000, held  # the projection and n-gram layers: 6.5 MB
     assert held["graph"] >= 6_000_000, held  # the per-text head stays: 6.4 MB
+
+
+def _resident_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="reads /proc; glibc's trim")
+def test_release_arena_hands_back_what_a_large_run_grew_the_arena_to():
+    """A server's notes grow the models' shared arena (MiniLM's 256-token chunks: 16 MB) that its queries never use;
+    release_arena frees it for malloc_trim to return."""
+    import ctypes
+
+    from kb_kernels import GraphWriter, open_session, release_arena, value_info
+
+    g = GraphWriter()
+    wide = g.op("MatMul", ["x", g.const("w", np.full((256, 4096), 1 / 256, dtype=np.float32))])
+    g.op("ReduceSum", [wide], ["y"], keepdims=0)
+    graph = g.model([value_info("x", np.float32, ["rows", 256])], [value_info("y", np.float32, [])], "grow")
+    session = open_session(graph, 1)
+    trim = ctypes.CDLL(None).malloc_trim
+    session.run(["y"], {"x": np.ones((4, 256), dtype=np.float32)})  # the arena's first region (kept), as a query makes
+    assert float(session.run(["y"], {"x": np.ones((2048, 256), dtype=np.float32)})[0]) == pytest.approx(2048 * 4096)
+    trim(0)
+    held = _resident_mb()  # the run's 32 MB product, kept by the arena
+    release_arena()
+    trim(0)
+    assert held - _resident_mb() >= 24, (held, _resident_mb())
