@@ -17,7 +17,6 @@ and, until then, still answers. Imports: kb_config, kb_files, kb_kernels.
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
 import threading
@@ -30,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kb_config import IndexFormatError
-from kb_files import atomic_write_bytes
+from kb_files import atomic_write_with
 from kb_kernels import matmul_session
 
 logger = logging.getLogger(__name__)
@@ -316,12 +315,13 @@ class VectorStore:
         """One new segment file; masks and sizes are recorded only when a row lacks a model, revisions only when
         one is not 0 (else the file is the format every earlier version reads)."""
         name = f"seg-{uuid.uuid4().hex[:16]}{SEGMENT_SUFFIX}"
-        buf = io.BytesIO()
         extra = {} if dims is None or bool((masks == ALL_PARTS).all()) else {"parts": masks, "dims": np.asarray(dims)}
         if revs.any():
             extra["revisions"] = revs
-        np.savez(buf, keys=np.asarray(keys, dtype=str), vectors=matrix, **extra)
-        atomic_write_bytes(self.folder / name, buf.getvalue())
+        arrays = {"keys": np.asarray(keys, dtype=str), "vectors": matrix, **extra}
+        # Streamed into the file (numpy writes an array in 16 MB pieces): a whole copy of the file first held the
+        # matrix twice, on top of the old segments a compaction replaces (tldr's 56 MB: the end of an ingest's peak).
+        atomic_write_with(self.folder / name, lambda f: np.savez(f, **arrays))
         self._cache[name] = _Segment(keys, matrix, masks, dims if "dims" in extra else None, revs)
         return name
 

@@ -60,6 +60,30 @@ def test_compaction_keeps_only_live_vectors_and_old_files_can_be_removed(tmp_pat
     assert "b" not in store and "a" in store and "c" in store
 
 
+def test_a_compaction_streams_its_segment_into_the_file_without_a_second_copy(tmp_path, monkeypatch):
+    """The merged segment goes to its file in pieces: a whole copy in memory first held the vectors twice, on top of
+    the segments they replace (the end of a tldr ingest's peak)."""
+    import tracemalloc
+
+    monkeypatch.setattr(kb_store, "MAX_SEGMENTS", 1)
+    rng = np.random.default_rng(7)
+    halves = [rng.standard_normal((6_000, 896)).astype(np.float32) for _ in range(2)]  # 2 x 20.5 MB
+    store = VectorStore(tmp_path)
+    for h, half in enumerate(halves):
+        store.load(store.write_segment({f"{h}-{i}": row for i, row in enumerate(half)}))
+    tracemalloc.start()
+    try:
+        compacted = store.compacted({f"{h}-{i}" for h in range(2) for i in range(6_000)})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    merged = sum(half.nbytes for half in halves)
+    assert compacted is not None and peak < 1.8 * merged, (peak, merged)  # the merged rows once, and 16 MB pieces
+    reader = VectorStore(tmp_path)
+    reader.load(compacted)
+    assert np.array_equal(reader.vector("1-5999"), halves[1][-1])
+
+
 def test_compaction_is_skipped_when_little_is_dead(tmp_path):
     store = VectorStore(tmp_path)
     store.load(store.write_segment({"a": _unit(1, 0), "b": _unit(0, 1)}))
