@@ -442,14 +442,17 @@ def release_arena() -> None:
     trims it right after). The arena keeps what its largest run grew it to: a note's 256-token chunks make MiniLM's
     16 MB, which a server otherwise held for its life while its queries need a third of it. Not for every run: the
     next run grows it again (~2 ms for 16 MB). A no-op where onnxruntime was never loaded or sessions keep arenas of
-    their own (an older runtime)."""
+    their own (an older runtime); a failure is logged, never raised."""
     if "onnxruntime" not in sys.modules or not _shared_arena_ready:
         return
     import onnxruntime as ort
 
-    options = ort.RunOptions()
-    options.add_run_config_entry(*SHRINK_ARENA)
-    _shrinking_session().run(["y"], {"x": np.zeros(1, dtype=np.float32)}, options)  # any session: they share the arena
+    try:
+        options = ort.RunOptions()
+        options.add_run_config_entry(*SHRINK_ARENA)
+        _shrinking_session().run(["y"], {"x": np.zeros(1, dtype=np.float32)}, options)  # they share the arena
+    except Exception as e:  # best effort, on a search's path after an edit: memory held is no reason to fail it
+        logger.debug("onnxruntime's arena was not shrunk: %s", e)
 
 
 @functools.lru_cache(maxsize=1)
