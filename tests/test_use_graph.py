@@ -238,3 +238,9 @@ def test_release_arena_logs_a_runtime_failure_instead_of_raising(monkeypatch, ca
     with caplog.at_level(logging.DEBUG, logger="kb_kernels"):
         kb_kernels.release_arena()
     assert "no arena here" in caplog.text
+
+
+def test_sessions_run_without_a_memory_pattern_so_the_shared_arena_is_not_grown_for_one_block():
+    from kb_kernels import matmul_session
+
+    assert matmul_session().get_session_options().enable_mem_pattern is False
